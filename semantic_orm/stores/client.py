@@ -1,0 +1,249 @@
+"""Qdrant server or cluster through ``qdrant-client``; also its ``":memory:"`` local mode.
+
+This is how an application scales out: point the store at a Qdrant URL and every process shares
+one index::
+
+    store = QdrantClientStore(url="http://qdrant:6333", api_key=...)
+    store = QdrantClientStore(location=":memory:")          # local mode, for tests
+    store = QdrantClientStore(client=my_configured_client)  # any QdrantClient
+
+Each collection has one unnamed cosine vector. What produced the vectors is recorded in the
+collection's metadata (Qdrant 1.16+); for an older server, a collection without metadata is
+checked on dimension alone. A keyword payload index on ``pk`` keeps per-row deletes fast.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
+from .base import (
+    DEFAULT_BATCH_SIZE,
+    CollectionSpec,
+    StoreHit,
+    VectorPoint,
+    check_collection_matches,
+)
+
+__all__ = ["QdrantClientStore"]
+
+
+def _qc() -> Any:
+    try:
+        import qdrant_client
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            "QdrantClientStore needs qdrant-client: pip install 'semantic-orm[client]'"
+        ) from exc
+    return qdrant_client
+
+
+class QdrantClientStore:
+    """Vector store on a Qdrant server (by URL) or in qdrant-client's local mode.
+
+    Args:
+        url: Server URL, e.g. ``"http://localhost:6333"``.
+        location: ``":memory:"`` for an in-process store (or a URL).
+        path: Directory for qdrant-client's on-disk local mode.
+        client: An already configured ``QdrantClient``; the other connection arguments are
+            then not allowed.
+        batch_size: Points per upsert request.
+        **client_kwargs: Passed to ``QdrantClient`` (``api_key``, ``timeout``, ``prefer_grpc``...).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        location: str | None = None,
+        path: str | None = None,
+        client: Any = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        **client_kwargs: Any,
+    ) -> None:
+        if batch_size <= 0:
+            raise ConfigurationError(f"QdrantClientStore batch_size must be > 0, got {batch_size}")
+        given = [
+            name
+            for name, v in (
+                ("url", url),
+                ("location", location),
+                ("path", path),
+                ("client", client),
+            )
+            if v is not None
+        ]
+        if len(given) != 1:
+            raise ConfigurationError(
+                "QdrantClientStore takes exactly one of url=, location=, path= or client=, "
+                f"got {given or 'none'}"
+            )
+        if client is None:
+            client = _qc().QdrantClient(url=url, location=location, path=path, **client_kwargs)
+        elif client_kwargs:
+            raise ConfigurationError(
+                "QdrantClientStore(client=...) takes no client options, "
+                f"got {sorted(client_kwargs)}"
+            )
+        self.client = client
+        self.batch_size = batch_size
+        self._known: set[str] = set()
+        self._where = url or location or path or "client"
+
+    def __repr__(self) -> str:
+        return f"QdrantClientStore({self._where!r})"
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigurationError, MissingDependencyError):
+            raise
+        except Exception as exc:
+            raise VectorStoreError(f"Qdrant {what} failed on {self!r}: {exc}") from exc
+
+    # -- collections --------------------------------------------------------------------------
+
+    def ensure_collection(self, spec: CollectionSpec) -> None:
+        """Create ``spec.name`` if missing; refuse one built by another model or dimension."""
+        if spec.name in self._known:
+            return
+        models = _qc().models
+        exists = self._call("collection_exists", self.client.collection_exists, spec.name)
+        if not exists:
+            self._call(
+                "create_collection",
+                self.client.create_collection,
+                spec.name,
+                vectors_config=models.VectorParams(
+                    size=spec.dimension, distance=models.Distance.COSINE
+                ),
+                metadata=spec.record(),
+            )
+            with warnings.catch_warnings():
+                # local mode warns that payload indexes are no-ops there; servers use them
+                warnings.simplefilter("ignore")
+                self._call(
+                    "create_payload_index",
+                    self.client.create_payload_index,
+                    spec.name,
+                    field_name="pk",
+                    field_schema=models.PayloadSchemaType.KEYWORD,
+                )
+        else:
+            info = self._call("get_collection", self.client.get_collection, spec.name)
+            vectors = info.config.params.vectors
+            size = getattr(vectors, "size", None)
+            check_collection_matches(spec, size, getattr(info.config, "metadata", None))
+        self._known.add(spec.name)
+
+    def collection_info(self, collection: str) -> dict[str, Any] | None:
+        """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
+        if not self._call("collection_exists", self.client.collection_exists, collection):
+            return None
+        info = self._call("get_collection", self.client.get_collection, collection)
+        return dict(getattr(info.config, "metadata", None) or {})
+
+    def drop_collection(self, collection: str) -> None:
+        """Delete the collection if it exists."""
+        self._known.discard(collection)
+        if self._call("collection_exists", self.client.collection_exists, collection):
+            self._call("delete_collection", self.client.delete_collection, collection)
+
+    # -- points -------------------------------------------------------------------------------
+
+    def upsert(self, collection: str, points: Sequence[VectorPoint]) -> None:
+        """Insert or overwrite ``points`` in batches of ``batch_size``."""
+        models = _qc().models
+        for start in range(0, len(points), self.batch_size):
+            batch = [
+                models.PointStruct(id=p.id, vector=p.vector.tolist(), payload=dict(p.payload))
+                for p in points[start : start + self.batch_size]
+            ]
+            self._call("upsert", self.client.upsert, collection, points=batch, wait=True)
+
+    def _row_filter(self, pk: str, from_index: int = 0) -> Any:
+        models = _qc().models
+        must: list[Any] = [models.FieldCondition(key="pk", match=models.MatchValue(value=pk))]
+        if from_index > 0:
+            must.append(
+                models.FieldCondition(key="chunk_index", range=models.Range(gte=from_index))
+            )
+        return models.Filter(must=must)
+
+    def delete_rows(self, collection: str, rows: Sequence[tuple[str, int]]) -> None:
+        """Delete each row's points with ``chunk_index >= from_index``, in batched filters."""
+        models = _qc().models
+        if not rows or not self._exists(collection):
+            return
+        for start in range(0, len(rows), self.batch_size):
+            batch = rows[start : start + self.batch_size]
+            selector = models.FilterSelector(
+                filter=models.Filter(should=[self._row_filter(pk, n) for pk, n in batch])
+            )
+            self._call(
+                "delete", self.client.delete, collection, points_selector=selector, wait=True
+            )
+
+    def _exists(self, collection: str) -> bool:
+        if collection in self._known:
+            return True
+        return bool(self._call("collection_exists", self.client.collection_exists, collection))
+
+    def search(
+        self,
+        collection: str,
+        vector: npt.NDArray[np.float32],
+        limit: int,
+        *,
+        score_threshold: float | None = None,
+    ) -> list[StoreHit]:
+        """The ``limit`` nearest points, best first (an empty list if the collection is new)."""
+        if limit <= 0 or not self._exists(collection):
+            return []
+        response = self._call(
+            "query_points",
+            self.client.query_points,
+            collection,
+            query=vector.tolist(),
+            limit=limit,
+            with_payload=True,
+            score_threshold=score_threshold,
+        )
+        return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in response.points]
+
+    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
+        """Every point of the collection (or of one row), with payloads."""
+        if not self._exists(collection):
+            return []
+        flt = None if pk is None else self._row_filter(pk)
+        out: list[StoreHit] = []
+        offset: Any = None
+        while True:
+            records, offset = self._call(
+                "scroll",
+                self.client.scroll,
+                collection,
+                scroll_filter=flt,
+                limit=1000,
+                offset=offset,
+                with_payload=True,
+            )
+            out.extend(StoreHit(str(r.id), 0.0, r.payload or {}) for r in records)
+            if offset is None:
+                return out
+
+    def count(self, collection: str) -> int:
+        """Points in the collection (0 if it does not exist)."""
+        if not self._exists(collection):
+            return 0
+        result = self._call("count", self.client.count, collection, exact=True)
+        return int(result.count)
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._call("close", self.client.close)

@@ -1,0 +1,294 @@
+"""Qdrant Edge: the real Qdrant engine, in-process, persisted in a directory.
+
+This is the embedded default. Each collection is one Edge *shard* in its own sub-directory of the
+store's ``path``, with a ``semantic_orm.json`` file beside the shard's data recording what
+produced the vectors::
+
+    vectors/
+        knowledge_article__content/
+            semantic_orm.json      {"model": ..., "dimension": 384, "chunker": {...}, ...}
+            shard/                 Qdrant Edge segments and write-ahead log
+
+A shard can be opened by one process at a time (its write-ahead log is locked). Within a process,
+every ``EdgeStore`` on the same directory shares one open shard, so two stores or two threads do
+not fight over the lock. Run background workers in the same process, or use a Qdrant server
+(:class:`~semantic_orm.stores.client.QdrantClientStore`) when several processes must write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
+from .base import (
+    DEFAULT_BATCH_SIZE,
+    CollectionSpec,
+    StoreHit,
+    VectorPoint,
+    check_collection_matches,
+)
+
+__all__ = ["EdgeStore"]
+
+_META_FILE = "semantic_orm.json"
+_SHARD_DIR = "shard"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def _qe() -> Any:
+    try:
+        import qdrant_edge
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            "EdgeStore needs Qdrant Edge: pip install 'semantic-orm[edge]' (qdrant-edge-py)"
+        ) from exc
+    return qdrant_edge
+
+
+class _OpenShard:
+    """One open Edge shard, shared by every EdgeStore of this process on the same path."""
+
+    def __init__(self, shard: Any, dimension: int, meta: dict[str, Any]) -> None:
+        self.shard = shard
+        self.dimension = dimension
+        self.meta = meta
+        self.lock = threading.RLock()
+        self.users = 0
+
+
+_registry: dict[str, _OpenShard] = {}
+_registry_lock = threading.Lock()
+
+
+class EdgeStore:
+    """Vector store backed by Qdrant Edge shards under ``path`` (one per collection).
+
+    Args:
+        path: Directory holding the collections; created if missing.
+        batch_size: Points per upsert call.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE):
+        if batch_size <= 0:
+            raise ConfigurationError(f"EdgeStore batch_size must be > 0, got {batch_size}")
+        self.path = Path(path).resolve()
+        self.batch_size = batch_size
+        self._mine: dict[str, _OpenShard] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"EdgeStore({str(self.path)!r})"
+
+    # -- collections --------------------------------------------------------------------------
+
+    def _dir(self, collection: str) -> Path:
+        if not _NAME_RE.match(collection):
+            raise ConfigurationError(
+                f"collection name {collection!r} must use letters, digits, '_', '.' or '-'"
+            )
+        return self.path / collection
+
+    def _open(self, collection: str, spec: CollectionSpec | None = None) -> _OpenShard | None:
+        """The open shard for ``collection``, created from ``spec`` when missing."""
+        if self._closed:
+            raise VectorStoreError(f"{self!r} is closed")
+        with self._lock:
+            opened = self._mine.get(collection)
+            if opened is not None:
+                return opened
+        cdir = self._dir(collection)
+        key = str(cdir)
+        qe = _qe()
+        with _registry_lock:
+            opened = _registry.get(key)
+            if opened is None:
+                meta_file = cdir / _META_FILE
+                if meta_file.exists():
+                    meta = json.loads(meta_file.read_text("utf-8"))
+                    try:
+                        shard = qe.EdgeShard.load(str(cdir / _SHARD_DIR))
+                    except Exception as exc:
+                        raise VectorStoreError(
+                            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc} "
+                            "(is another process using it?)"
+                        ) from exc
+                    dimension = int(meta["dimension"])
+                elif spec is None:
+                    return None
+                else:
+                    cdir.mkdir(parents=True, exist_ok=True)
+                    shard_dir = cdir / _SHARD_DIR
+                    if shard_dir.exists():  # left by a creation that crashed before its metadata
+                        shutil.rmtree(shard_dir)
+                    config = qe.EdgeConfig(
+                        vectors=qe.EdgeVectorParams(
+                            size=spec.dimension, distance=qe.Distance.Cosine
+                        )
+                    )
+                    try:
+                        shard = qe.EdgeShard.create(str(shard_dir), config)
+                        shard.update(
+                            qe.UpdateOperation.create_field_index(
+                                "pk", qe.PayloadSchemaType.Keyword
+                            )
+                        )
+                    except Exception as exc:
+                        raise VectorStoreError(
+                            f"cannot create Qdrant Edge collection {collection!r} at {cdir}: {exc}"
+                        ) from exc
+                    meta = spec.record()
+                    tmp = cdir / (_META_FILE + ".tmp")
+                    tmp.write_text(json.dumps(meta, sort_keys=True), "utf-8")
+                    tmp.replace(cdir / _META_FILE)  # atomic: metadata marks a finished collection
+                    dimension = spec.dimension
+                opened = _OpenShard(shard, dimension, meta)
+                _registry[key] = opened
+            opened.users += 1
+        with self._lock:
+            self._mine[collection] = opened
+        return opened
+
+    def ensure_collection(self, spec: CollectionSpec) -> None:
+        """Create ``spec.name`` if missing; refuse one built by another model or dimension."""
+        opened = self._open(spec.name, spec)
+        assert opened is not None
+        check_collection_matches(spec, opened.dimension, opened.meta)
+
+    def collection_info(self, collection: str) -> dict[str, Any] | None:
+        """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
+        opened = self._open(collection)
+        return None if opened is None else dict(opened.meta)
+
+    def drop_collection(self, collection: str) -> None:
+        """Close and delete the collection's directory."""
+        cdir = self._dir(collection)
+        key = str(cdir)
+        with _registry_lock:
+            opened = _registry.pop(key, None)
+            if opened is not None:
+                with opened.lock:
+                    opened.shard.close()
+        with self._lock:
+            self._mine.pop(collection, None)
+        if cdir.exists():
+            shutil.rmtree(cdir)
+
+    # -- points -------------------------------------------------------------------------------
+
+    def _require(self, collection: str) -> _OpenShard:
+        opened = self._open(collection)
+        if opened is None:
+            raise VectorStoreError(f"collection {collection!r} does not exist in {self.path}")
+        return opened
+
+    def upsert(self, collection: str, points: Sequence[VectorPoint]) -> None:
+        """Insert or overwrite ``points`` in batches of ``batch_size``."""
+        if not points:
+            return
+        qe = _qe()
+        opened = self._require(collection)
+        for start in range(0, len(points), self.batch_size):
+            batch = [
+                qe.Point(p.id, p.vector.tolist(), dict(p.payload))
+                for p in points[start : start + self.batch_size]
+            ]
+            with opened.lock:
+                opened.shard.update(qe.UpdateOperation.upsert_points(batch))
+
+    def delete_rows(self, collection: str, rows: Sequence[tuple[str, int]]) -> None:
+        """Delete each row's points with ``chunk_index >= from_index``, in batched filters."""
+        qe = _qe()
+        opened = self._open(collection)
+        if opened is None or not rows:
+            return
+        for start in range(0, len(rows), self.batch_size):
+            should: list[Any] = []
+            for pk, from_index in rows[start : start + self.batch_size]:
+                must: list[Any] = [qe.FieldCondition(key="pk", match=qe.MatchValue(pk))]
+                if from_index > 0:
+                    must.append(
+                        qe.FieldCondition(key="chunk_index", range=qe.RangeFloat(gte=from_index))
+                    )
+                should.append(qe.Filter(must=must))
+            operation = qe.UpdateOperation.delete_points_by_filter(qe.Filter(should=should))
+            with opened.lock:
+                opened.shard.update(operation)
+
+    def search(
+        self,
+        collection: str,
+        vector: npt.NDArray[np.float32],
+        limit: int,
+        *,
+        score_threshold: float | None = None,
+    ) -> list[StoreHit]:
+        """The ``limit`` nearest points, best first (an empty list if the collection is new)."""
+        qe = _qe()
+        opened = self._open(collection)
+        if opened is None or limit <= 0:
+            return []
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(vector.tolist()),
+            with_payload=True,
+            score_threshold=score_threshold,
+        )
+        with opened.lock:
+            found = opened.shard.query(request)
+        return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in found]
+
+    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
+        """Every point of the collection (or of one row), with payloads."""
+        qe = _qe()
+        opened = self._open(collection)
+        if opened is None:
+            return []
+        flt = None
+        if pk is not None:
+            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchValue(pk))])
+        out: list[StoreHit] = []
+        offset: Any = None
+        while True:
+            with opened.lock:
+                records, offset = opened.shard.scroll(
+                    qe.ScrollRequest(offset=offset, limit=1000, filter=flt, with_payload=True)
+                )
+            out.extend(StoreHit(str(r.id), 0.0, r.payload or {}) for r in records)
+            if offset is None:
+                return out
+
+    def count(self, collection: str) -> int:
+        """Points in the collection (0 if it does not exist)."""
+        qe = _qe()
+        opened = self._open(collection)
+        if opened is None:
+            return 0
+        with opened.lock:
+            return int(opened.shard.count(qe.CountRequest(exact=True)))
+
+    def close(self) -> None:
+        """Release this store's shards; the last user of a shard flushes and closes it."""
+        with self._lock:
+            mine, self._mine = self._mine, {}
+            self._closed = True
+        with _registry_lock:
+            for opened in mine.values():
+                opened.users -= 1
+                if opened.users <= 0:
+                    with opened.lock:
+                        opened.shard.flush()
+                        opened.shard.close()
+                    for key, value in list(_registry.items()):
+                        if value is opened:
+                            del _registry[key]

@@ -1,0 +1,147 @@
+"""End to end with the real default model (all-MiniLM-L6-v2), on both databases and stores."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import sessionmaker
+
+from semantic_orm import (
+    ChunkTooLongWarning,
+    CollectionMismatchError,
+    SemanticIndex,
+    SentenceTransformerEmbedder,
+)
+from semantic_orm.testing import HashEmbedder
+
+from .models import Article, Base, Wide
+
+CORPUS = {
+    "volcano": (
+        "Volcanoes form where magma rises through the crust. During an eruption, lava, ash and "
+        "gases escape from the vent.\n\nMount Etna in Sicily is one of the most active "
+        "volcanoes in Europe, and its lava flows regularly reach nearby villages."
+    ),
+    "bread": (
+        "To bake bread, mix flour, water, salt and yeast, then knead the dough until it is "
+        "smooth.\n\nLet the dough rise for two hours before shaping the loaf and baking it in "
+        "a hot oven until the crust is golden."
+    ),
+    "football": (
+        "The World Cup final drew a record television audience. The striker scored twice in "
+        "the second half, and the goalkeeper saved a penalty in extra time."
+    ),
+    "syscohada": (
+        "Le SYSCOHADA est le système comptable des pays de l'OHADA. Il définit le plan "
+        "comptable que les entreprises doivent utiliser pour tenir leur comptabilité et "
+        "présenter leurs états financiers annuels."
+    ),
+    "python": (
+        "Python lists are mutable sequences. Use append to add an item, and a list "
+        "comprehension to build a new list from an iterable in a single expression."
+    ),
+}
+
+QUERIES = [
+    ("Which mountain in Italy erupts often?", "volcano"),
+    ("how long should dough rise", "bread"),
+    ("plan comptable des entreprises", "syscohada"),
+    ("who won the soccer championship match", "football"),
+    ("how do I add an element to a list in Python", "python"),
+]
+
+
+@pytest.fixture
+def real_index(store: Any, minilm: SentenceTransformerEmbedder) -> SemanticIndex:
+    return SemanticIndex(store=store, embedder=minilm)
+
+
+@pytest.fixture
+def RealSession(engine: Any, real_index: SemanticIndex) -> Any:
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    real_index.install(factory)
+    yield factory
+    real_index.uninstall(factory)
+
+
+def test_embedder_reports_model_facts(minilm: SentenceTransformerEmbedder) -> None:
+    assert minilm.name == "sentence-transformers/all-MiniLM-L6-v2"
+    assert minilm.dimension == 384
+    assert minilm.max_seq_length == 256
+    vectors = minilm.encode(["one", "two", "three"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    counts = minilm.count_tokens(["hello world", "word " * 400])
+    assert counts is not None and counts[0] == 4 and counts[1] > 256
+
+
+def test_search_by_meaning_finds_the_right_row_and_passage(
+    RealSession: sessionmaker[OrmSession],
+) -> None:
+    with RealSession() as s:
+        s.add_all(Article(title=k, content=v) for k, v in CORPUS.items())
+        s.commit()
+        for query, expected in QUERIES:
+            hits = Article.semantic_search(s, query, limit=3)
+            assert hits[0].obj.title == expected, (query, [h.obj.title for h in hits])
+            text = CORPUS[expected]
+            chunk = hits[0].chunk
+            assert text[chunk.start_offset : chunk.end_offset] == chunk.text
+            assert 0 < hits[0].score <= 1.0
+        etna = Article.semantic_search(s, "Mount Etna lava flows in Sicily", limit=1)[0]
+        assert "Etna" in etna.chunk.text and etna.chunk.start_offset > 0
+
+
+def test_chunks_longer_than_the_model_window_warn_with_both_numbers(
+    engine: Any, store: Any, minilm: SentenceTransformerEmbedder
+) -> None:
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=minilm)
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    text = " ".join(["The committee reviewed the annual budget report."] * 50)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with factory() as s:
+            s.add(Wide(body=text))
+            s.commit()
+            s.add(Wide(body=text))
+            s.commit()
+    found = [w for w in caught if issubclass(w.category, ChunkTooLongWarning)]
+    assert len(found) == 1  # once per column
+    message = str(found[0].message)
+    assert (
+        "Wide.body" in message and "chunk_size=3000" in message and "at most 256 tokens" in message
+    )
+    idx.uninstall(factory)
+
+
+def test_switching_models_on_an_existing_collection_is_refused(
+    RealSession: sessionmaker[OrmSession], engine: Any, store: Any
+) -> None:
+    with RealSession() as s:
+        s.add(Article(title="t", content=CORPUS["bread"]))
+        s.commit()
+    if hasattr(store, "_known"):
+        store._known.clear()  # as a new process would see it
+    other = SemanticIndex(store=store, embedder=HashEmbedder(dimension=64, name="hash-64"))
+    factory = sessionmaker(engine)
+    other.install(factory)
+    with factory() as s:
+        s.add(Article(title="u", content="more text"))
+        s.commit()  # the commit stands; the sync is refused
+    ((_op, error),) = other.failed.values()
+    assert isinstance(error, CollectionMismatchError)
+    assert "384-dimensional vectors from model 'sentence-transformers/all-MiniLM-L6-v2'" in str(
+        error
+    )
+    assert "64-dimensional vectors from model 'hash-64'" in str(error)
+    with factory() as s:
+        with pytest.raises(CollectionMismatchError):
+            Article.semantic_search(s, "bread")
+    other.uninstall(factory)

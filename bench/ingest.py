@@ -1,0 +1,246 @@
+"""Ingest and search overhead of semantic_orm against the same pipeline written by hand.
+
+Both sides use the same documents, the same chunks, the same model and the same engine
+(SQLite + Qdrant Edge), measured in one run and interleaved batch by batch, so machine noise
+hits both alike:
+
+* ingest - ORM: ``session.add_all(rows); session.commit()`` with a ``SemanticIndex`` installed
+  (chunk, embed, upsert and stale-point pruning happen on commit). Raw: the same rows committed
+  by a plain session, then ``RecursiveChunker.chunk``, ``SentenceTransformer.encode`` and a direct
+  Qdrant Edge ``upsert_points``.
+* search - ``Model.semantic_search(session, q, limit=5)`` against a raw Edge query plus one
+  primary-key ``SELECT``, over an index of at least 20,000 chunks.
+
+    python bench/ingest.py [--scifact DIR] [--docs 600] [--search-docs 5183] [--queries 200]
+
+The last line is JSON: {"ingest_ratio": ..., "search_ratio": ..., "chunks": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+from sqlalchemy import String, Text, create_engine, select  # noqa: E402
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker  # noqa: E402
+
+from semantic_orm import (  # noqa: E402
+    EdgeStore,
+    RecursiveChunker,
+    SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
+    SentenceTransformerEmbedder,
+)
+from semantic_orm.stores import point_id  # noqa: E402
+
+DEFAULT_SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "scifact"
+SEARCH_CHUNK, SEARCH_OVERLAP = 300, 50
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Doc(SemanticSearchMixin, Base):
+    """The ORM side: a SemanticText column with the default settings (1000 / 200)."""
+
+    __tablename__ = "doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(500))
+    body: Mapped[str | None] = mapped_column(SemanticText())
+
+
+class RawDoc(Base):
+    """The raw side: plain text in SQL, vectors written by hand."""
+
+    __tablename__ = "raw_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(500))
+    body: Mapped[str | None] = mapped_column(Text)
+
+
+class Passage(SemanticSearchMixin, Base):
+    """The search corpus: small chunks, so 5,183 abstracts give over 20,000 chunks."""
+
+    __tablename__ = "passage"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(500))
+    body: Mapped[str | None] = mapped_column(
+        SemanticText(chunk_size=SEARCH_CHUNK, overlap=SEARCH_OVERLAP)
+    )
+
+
+def load_scifact(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    docs = []
+    with open(path / "corpus.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            docs.append((row["title"][:500], row["text"]))
+    queries = []
+    with open(path / "queries.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            queries.append(json.loads(line)["text"])
+    return docs, queries
+
+
+def raw_ingest(
+    factory: Any, shard: Any, qe: Any, model: Any, chunker: RecursiveChunker,
+    batch: list[tuple[str, str]],
+) -> int:
+    with factory() as s:
+        rows = [RawDoc(title=t, body=b) for t, b in batch]
+        s.add_all(rows)
+        s.commit()
+        keys = [str(r.id) for r in rows]
+    chunked = [(key, chunker.chunk(body)) for key, (_, body) in zip(keys, batch, strict=True)]
+    texts = [c.text for _, chunks in chunked for c in chunks]
+    vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    points, n = [], 0
+    for key, chunks in chunked:
+        for c in chunks:
+            payload = {"table": "raw_doc", "pk": key, "column": "body", "chunk_index": c.index,
+                       "start_offset": c.start_offset, "end_offset": c.end_offset,
+                       "total_chunks": c.total_chunks}
+            points.append(qe.Point(point_id("raw", key, c.index), vectors[n].tolist(), payload))
+            n += 1
+    for i in range(0, len(points), 256):
+        shard.update(qe.UpdateOperation.upsert_points(points[i : i + 256]))
+    return len(points)
+
+
+def orm_ingest(factory: Any, batch: list[tuple[str, str]], model: type[Any] = Doc) -> None:
+    with factory() as s:
+        s.add_all(model(title=t, body=b) for t, b in batch)
+        s.commit()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT)
+    parser.add_argument("--docs", type=int, default=600, help="documents ingested each way")
+    parser.add_argument("--batch", type=int, default=50, help="documents per commit")
+    parser.add_argument("--search-docs", type=int, default=5183, help="documents in search index")
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+
+    import qdrant_edge as qe
+
+    docs, queries = load_scifact(args.scifact)
+    work = Path(tempfile.mkdtemp(prefix="semantic_orm_bench_"))
+    try:
+        engine = create_engine(f"sqlite:///{work / 'bench.sqlite3'}")
+        Base.metadata.create_all(engine)
+        embedder = SentenceTransformerEmbedder()
+        model = embedder.model
+        index = SemanticIndex(store=EdgeStore(work / "vectors"), embedder=embedder)
+        orm_factory = sessionmaker(engine, expire_on_commit=False)
+        index.install(orm_factory)
+        raw_factory = sessionmaker(engine, expire_on_commit=False)
+        chunker = RecursiveChunker(1000, 200)
+        shard = qe.EdgeShard.create(
+            str(work / "raw_shard"),
+            qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=embedder.dimension,
+                                                      distance=qe.Distance.Cosine)),
+        )
+        shard.update(qe.UpdateOperation.create_field_index("pk", qe.PayloadSchemaType.Keyword))
+
+        # warm up both paths (model load, first allocations)
+        orm_ingest(orm_factory, docs[-5:])
+        raw_ingest(raw_factory, shard, qe, model, chunker, docs[-5:])
+
+        # -- ingest: interleaved batches, alternating which side goes first -------------------
+        sample = docs[: args.docs]
+        t_orm = t_raw = 0.0
+        raw_chunks = 0
+        for i, start in enumerate(range(0, len(sample), args.batch)):
+            batch = sample[start : start + args.batch]
+            for side in (("orm", "raw") if i % 2 == 0 else ("raw", "orm")):
+                t0 = time.perf_counter()
+                if side == "orm":
+                    orm_ingest(orm_factory, batch)
+                    t_orm += time.perf_counter() - t0
+                else:
+                    raw_chunks += raw_ingest(raw_factory, shard, qe, model, chunker, batch)
+                    t_raw += time.perf_counter() - t0
+        orm_chunks = index.store.count("doc__body")
+        ingest_ratio = t_orm / t_raw
+        print(f"ingest  {len(sample)} docs, {raw_chunks} chunks each way, commits of {args.batch}")
+        print(f"  ORM (save + commit)          {t_orm:8.2f} s")
+        print(f"  raw (chunk+encode+upsert)    {t_raw:8.2f} s")
+        print(f"  ORM / raw                    {ingest_ratio:8.3f}   (target <= 1.10)")
+        assert orm_chunks >= raw_chunks, (orm_chunks, raw_chunks)
+
+        # -- search over >= 20,000 chunks ---------------------------------------------------------
+        t0 = time.perf_counter()
+        corpus = docs[: args.search_docs]
+        for start in range(0, len(corpus), 200):
+            orm_ingest(orm_factory, corpus[start : start + 200], Passage)
+        chunks = index.store.count("passage__body")
+        print(f"search index: {len(corpus)} docs, {chunks} chunks "
+              f"({SEARCH_CHUNK}/{SEARCH_OVERLAP}), built in {time.perf_counter() - t0:.1f} s")
+        passage_shard = index.store._open("passage__body").shard  # type: ignore[attr-defined]
+
+        def raw_search(session: Any, q: str) -> list[Any]:
+            vec = model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
+            found = passage_shard.query(qe.QueryRequest(
+                limit=20, query=qe.Query.Nearest(vec.tolist()), with_payload=True))
+            keys: list[int] = []
+            for p in found:
+                k = int(p.payload["pk"])
+                if k not in keys:
+                    keys.append(k)
+            keys = keys[:5]
+            rows = {r.id: r for r in session.scalars(select(Passage).where(Passage.id.in_(keys)))}
+            return [rows[k] for k in keys if k in rows]
+
+        qs = queries[: args.queries]
+        ours, raws = [], []
+        with orm_factory() as s:
+            Passage.semantic_search(s, qs[0], limit=5)
+            raw_search(s, qs[0])
+            for i, q in enumerate(qs):
+                for side in (("ours", "raw") if i % 2 == 0 else ("raw", "ours")):
+                    t0 = time.perf_counter()
+                    if side == "ours":
+                        hits = Passage.semantic_search(s, q, limit=5)
+                        ours.append(time.perf_counter() - t0)
+                    else:
+                        rows = raw_search(s, q)
+                        raws.append(time.perf_counter() - t0)
+                assert [h.obj.id for h in hits] == [r.id for r in rows], q
+                s.expunge_all()
+        search_ratio = sum(ours) / sum(raws)
+        ms = 1000.0
+        print(f"search  {len(qs)} queries, limit 5, over {chunks} chunks (same results checked)")
+        print(f"  semantic_search     median {statistics.median(ours) * ms:6.2f} ms  "
+              f"p95 {np.percentile(ours, 95) * ms:6.2f} ms")
+        print(f"  raw query + SELECT  median {statistics.median(raws) * ms:6.2f} ms  "
+              f"p95 {np.percentile(raws, 95) * ms:6.2f} ms")
+        print(f"  ours / raw          {search_ratio:6.3f}")
+        index.close()
+        shard.close()
+        print(json.dumps({
+            "ingest_ratio": round(ingest_ratio, 4),
+            "search_ratio": round(search_ratio, 4),
+            "chunks": chunks,
+        }))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,11 +32,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-from sqlalchemy import String, Text, create_engine, select  # noqa: E402
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker  # noqa: E402
+import numpy as np
+from sqlalchemy import String, Text, create_engine, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from semantic_orm import (  # noqa: E402
+from semantic_orm import (
     EdgeStore,
     RecursiveChunker,
     SemanticIndex,
@@ -44,7 +44,7 @@ from semantic_orm import (  # noqa: E402
     SemanticText,
     SentenceTransformerEmbedder,
 )
-from semantic_orm.stores import point_id  # noqa: E402
+from semantic_orm.stores import point_id
 
 DEFAULT_SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "scifact"
 SEARCH_CHUNK, SEARCH_OVERLAP = 300, 50
@@ -97,7 +97,11 @@ def load_scifact(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def raw_ingest(
-    factory: Any, shard: Any, qe: Any, model: Any, chunker: RecursiveChunker,
+    factory: Any,
+    shard: Any,
+    qe: Any,
+    model: Any,
+    chunker: RecursiveChunker,
     batch: list[tuple[str, str]],
 ) -> int:
     with factory() as s:
@@ -111,9 +115,15 @@ def raw_ingest(
     points, n = [], 0
     for key, chunks in chunked:
         for c in chunks:
-            payload = {"table": "raw_doc", "pk": key, "column": "body", "chunk_index": c.index,
-                       "start_offset": c.start_offset, "end_offset": c.end_offset,
-                       "total_chunks": c.total_chunks}
+            payload = {
+                "table": "raw_doc",
+                "pk": key,
+                "column": "body",
+                "chunk_index": c.index,
+                "start_offset": c.start_offset,
+                "end_offset": c.end_offset,
+                "total_chunks": c.total_chunks,
+            }
             points.append(qe.Point(point_id("raw", key, c.index), vectors[n].tolist(), payload))
             n += 1
     for i in range(0, len(points), 256):
@@ -152,8 +162,9 @@ def main() -> int:
         chunker = RecursiveChunker(1000, 200)
         shard = qe.EdgeShard.create(
             str(work / "raw_shard"),
-            qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=embedder.dimension,
-                                                      distance=qe.Distance.Cosine)),
+            qe.EdgeConfig(
+                vectors=qe.EdgeVectorParams(size=embedder.dimension, distance=qe.Distance.Cosine)
+            ),
         )
         shard.update(qe.UpdateOperation.create_field_index("pk", qe.PayloadSchemaType.Keyword))
 
@@ -167,7 +178,7 @@ def main() -> int:
         raw_chunks = 0
         for i, start in enumerate(range(0, len(sample), args.batch)):
             batch = sample[start : start + args.batch]
-            for side in (("orm", "raw") if i % 2 == 0 else ("raw", "orm")):
+            for side in ("orm", "raw") if i % 2 == 0 else ("raw", "orm"):
                 t0 = time.perf_counter()
                 if side == "orm":
                     orm_ingest(orm_factory, batch)
@@ -189,14 +200,17 @@ def main() -> int:
         for start in range(0, len(corpus), 200):
             orm_ingest(orm_factory, corpus[start : start + 200], Passage)
         chunks = index.store.count("passage__body")
-        print(f"search index: {len(corpus)} docs, {chunks} chunks "
-              f"({SEARCH_CHUNK}/{SEARCH_OVERLAP}), built in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"search index: {len(corpus)} docs, {chunks} chunks "
+            f"({SEARCH_CHUNK}/{SEARCH_OVERLAP}), built in {time.perf_counter() - t0:.1f} s"
+        )
         passage_shard = index.store._open("passage__body").shard  # type: ignore[attr-defined]
 
         def raw_search(session: Any, q: str) -> list[Any]:
             vec = model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
-            found = passage_shard.query(qe.QueryRequest(
-                limit=20, query=qe.Query.Nearest(vec.tolist()), with_payload=True))
+            found = passage_shard.query(
+                qe.QueryRequest(limit=20, query=qe.Query.Nearest(vec.tolist()), with_payload=True)
+            )
             keys: list[int] = []
             for p in found:
                 k = int(p.payload["pk"])
@@ -212,7 +226,7 @@ def main() -> int:
             Passage.semantic_search(s, qs[0], limit=5)
             raw_search(s, qs[0])
             for i, q in enumerate(qs):
-                for side in (("ours", "raw") if i % 2 == 0 else ("raw", "ours")):
+                for side in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
                     t0 = time.perf_counter()
                     if side == "ours":
                         hits = Passage.semantic_search(s, q, limit=5)
@@ -225,18 +239,26 @@ def main() -> int:
         search_ratio = sum(ours) / sum(raws)
         ms = 1000.0
         print(f"search  {len(qs)} queries, limit 5, over {chunks} chunks (same results checked)")
-        print(f"  semantic_search     median {statistics.median(ours) * ms:6.2f} ms  "
-              f"p95 {np.percentile(ours, 95) * ms:6.2f} ms")
-        print(f"  raw query + SELECT  median {statistics.median(raws) * ms:6.2f} ms  "
-              f"p95 {np.percentile(raws, 95) * ms:6.2f} ms")
+        print(
+            f"  semantic_search     median {statistics.median(ours) * ms:6.2f} ms  "
+            f"p95 {np.percentile(ours, 95) * ms:6.2f} ms"
+        )
+        print(
+            f"  raw query + SELECT  median {statistics.median(raws) * ms:6.2f} ms  "
+            f"p95 {np.percentile(raws, 95) * ms:6.2f} ms"
+        )
         print(f"  ours / raw          {search_ratio:6.3f}")
         index.close()
         shard.close()
-        print(json.dumps({
-            "ingest_ratio": round(ingest_ratio, 4),
-            "search_ratio": round(search_ratio, 4),
-            "chunks": chunks,
-        }))
+        print(
+            json.dumps(
+                {
+                    "ingest_ratio": round(ingest_ratio, 4),
+                    "search_ratio": round(search_ratio, 4),
+                    "chunks": chunks,
+                }
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import regex  # type: ignore[import-untyped,unused-ignore]
+import regex
 
 __all__ = [
     "Chunk",
@@ -69,16 +69,23 @@ __all__ = [
     "register_chunker",
 ]
 
-# Characters for which ``str.isspace()`` is true (checked by the test-suite), as a regex class.
-_WS = (
-    "\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a"
-    "\\u2028\\u2029\\u202f\\u205f\\u3000"
+# Exactly the characters for which ``str.isspace()`` is true (checked by the test-suite).
+_WS_CHARS = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
+    "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
-# Whitespace where a line may be broken between words: excludes the no-break spaces.
-_BREAKABLE_WS = (
-    "\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\u1680\\u2000-\\u2006\\u2008-\\u200a"
-    "\\u2028\\u2029\\u205f\\u3000"
-)
+# Whitespace where a line may be broken between words: all but the no-break spaces.
+_BREAKABLE_WS_CHARS = "".join(ch for ch in _WS_CHARS if ch not in "\xa0\u2007\u202f")
+_CJK_TERMINATORS = "\u3002\uff01\uff1f\uff1b"  # 。！？；
+_LATIN_TERMINATORS = ".!?\u2026"
+
+
+def _char_class(chars: str) -> str:
+    """Return the body of a regex character class matching exactly ``chars``."""
+    return "".join(f"\\U{ord(ch):08x}" for ch in chars)
+
+
+_WS = _char_class(_WS_CHARS)
 
 _GRAPHEME = regex.compile(r"\X")
 _NON_WS = regex.compile(f"[^{_WS}]")
@@ -87,12 +94,13 @@ _LAST_NON_WS = regex.compile(f"[^{_WS}]", flags=regex.REVERSE)
 _PARAGRAPH = r"\r?\n[^\S\r\n]*\r?\n|\u2029"
 _LINE = r"[\n\r\x0b\x0c\x85\u2028]"
 _SENTENCE = (
-    # Western terminators, optional closing quotes/brackets, then whitespace (not consumed).
-    f"[.!?\\u2026]+[\"'\\u201d\\u2019)\\]\\u00bb]*(?=[{_WS}])"
+    # Latin terminators, optional closing quotes/brackets, then whitespace (not consumed).
+    f"[{_char_class(_LATIN_TERMINATORS)}][\"'\\u201d\\u2019)\\]\\u00bb]{{0,3}}(?=[{_WS}])"
     # CJK terminators need no following space; closing brackets/quotes stay with the sentence.
-    "|[\\u3002\\uff01\\uff1f\\uff1b]+[\\u300d\\u300f\\uff09\\u201d\\u2019\\u3009\\u300b\\u3011]*"
+    f"|[{_char_class(_CJK_TERMINATORS)}]"
+    "[\\u300d\\u300f\\uff09\\u201d\\u2019\\u3009\\u300b\\u3011]{0,3}"
 )
-_WORD = f"[{_BREAKABLE_WS}]"
+_WORD = f"[{_char_class(_BREAKABLE_WS_CHARS)}]"
 
 # How far past the window a separator match may need to look (e.g. for ``(?=\s)``).
 _MAX_SEPARATOR_LOOK = 64
@@ -204,66 +212,79 @@ class ChunkerFactory(Protocol):
 # --------------------------------------------------------------------------------------------
 
 
-def _first_boundary_after(text: str, j: int, endpos: int) -> int:
+def _first_boundary_after(text: str, anchor: int, j: int, endpos: int) -> int:
     """Return the first grapheme boundary after index ``j``, looking no further than ``endpos``.
 
-    ``regex``'s ``\\X`` inspects the context on both sides of its starting position, so even
-    when ``j`` lies inside a cluster the match ends at that cluster's true end. The result is
-    exact when it is smaller than ``endpos``; a result equal to ``endpos`` (``< len(text)``)
-    only means "no boundary before ``endpos``". Bounding the scan keeps a pathological cluster
-    of a million combining marks from being rescanned for every chunk.
+    ``anchor <= j`` must be a known boundary. Rules such as regional-indicator pairing look
+    back an unbounded distance, so the search runs on ``text[anchor:endpos]``: no rule needs
+    context from before a boundary, and bounding the slice keeps a run of a million flags or
+    combining marks from being rescanned for every chunk. Within the slice, ``regex``'s
+    ``\\X`` inspects context on both sides of its start, so even when ``j`` lies inside a
+    cluster the match ends at that cluster's true end. The result is exact when it is smaller
+    than ``endpos``; a result equal to ``endpos`` only means "no boundary before ``endpos``".
     """
-    m = _GRAPHEME.match(text, j, endpos)
+    m = _GRAPHEME.match(text[anchor:endpos], j - anchor)
     assert m is not None  # \X always matches at least one character when j < endpos
-    return int(m.end())
+    return anchor + int(m.end())
 
 
-def _is_boundary(text: str, i: int) -> bool:
-    """Return whether index ``i`` is an extended grapheme cluster boundary."""
-    if i <= 0 or i >= len(text):
+def _is_boundary(text: str, i: int, anchor: int) -> bool:
+    """Return whether index ``i`` is a grapheme boundary (``anchor <= i`` is a known one)."""
+    if i <= anchor or i >= len(text):
         return True
     a, b = text[i - 1], text[i]
     if a < "\x80" and b < "\x80":
         # Between two ASCII characters the only rule that forbids a break is CR x LF.
         return not (a == "\r" and b == "\n")
-    return _first_boundary_after(text, i - 1, i + 1) == i
+    return _first_boundary_after(text, anchor, i - 1, i + 1) == i
 
 
 def _snap_back(text: str, i: int, lo: int) -> int:
     """Return the largest grapheme boundary in ``[lo, i]``, treating ``lo`` as a boundary."""
     if i <= lo:
         return lo
-    if _is_boundary(text, i):
+    if _is_boundary(text, i, lo):
         return i
     # "there is a boundary in (j, i]" is monotone in j: find the largest such j in
-    # [lo - 1, i - 1] by galloping backwards, then bisecting. Costs O(d log d) for a cut d
-    # characters into a cluster, and O(1) in the common case handled above.
-    bad = i - 1
+    # [lo - 1, i - 1] by galloping backwards, then bisecting. Only reached when i lies inside
+    # a cluster; the common case returns above.
+    window = text[lo : i + 1]
+    limit = i - lo
+
+    def has_boundary_after(j: int) -> bool:  # j relative to lo
+        m = _GRAPHEME.match(window, j)
+        assert m is not None
+        return int(m.end()) <= limit
+
+    bad = limit - 1
     step = 1
     while True:
         j = bad - step
-        if j < lo:
-            good = lo - 1
+        if j < 0:
+            good = -1
             break
-        if _first_boundary_after(text, j, i + 1) <= i:
+        if has_boundary_after(j):
             good = j
             break
         bad = j
         step *= 2
     while bad - good > 1:
         mid = (good + bad) // 2
-        if _first_boundary_after(text, mid, i + 1) <= i:
+        if has_boundary_after(mid):
             good = mid
         else:
             bad = mid
-    return lo if good < lo else good + 1
+    return lo + good + 1
 
 
-def _snap_forward(text: str, i: int, hi: int) -> int:
-    """Return the smallest grapheme boundary at or after ``i``, or ``hi`` if none is before."""
-    if i >= hi or _is_boundary(text, i):
+def _snap_forward(text: str, i: int, anchor: int, hi: int) -> int:
+    """Return the smallest grapheme boundary in ``[i, hi]``, or ``hi`` if there is none.
+
+    ``anchor <= i`` must be a known boundary.
+    """
+    if i >= hi or _is_boundary(text, i, anchor):
         return i
-    return _first_boundary_after(text, i, hi)
+    return _first_boundary_after(text, anchor, i, hi)
 
 
 def _skip_ws(text: str, i: int, hi: int) -> int:
@@ -288,12 +309,20 @@ class _Level:
     backward: regex.Pattern[str] | None
     cut_before: bool  # cut before the separator (whitespace) or after it (punctuation)
     max_len: int  # how far a match may extend beyond the position we care about
-    # Every match contains one of these strings: a cheap ``str.find`` pre-check that skips
-    # the regex scan of windows that cannot match (e.g. no newline in a single-line text).
-    probes: tuple[str, ...] = ()
+    # Every match contains, for each group, one of the group's strings: a cheap ``str.find``
+    # pre-check that skips the (much slower) regex scan of windows that cannot match, e.g.
+    # paragraph breaks in a text without newlines.
+    probes: tuple[tuple[str, ...], ...] = ()
 
     def _may_match(self, text: str, pos: int, endpos: int) -> bool:
-        return not self.probes or any(text.find(p, pos, endpos) >= 0 for p in self.probes)
+        find = text.find
+        for group in self.probes:  # plain loops: this runs several times per chunk
+            for probe in group:
+                if find(probe, pos, endpos) >= 0:
+                    break
+            else:
+                return False
+        return True
 
     @classmethod
     def from_pattern(
@@ -303,7 +332,7 @@ class _Level:
         *,
         cut_before: bool,
         max_len: int,
-        probes: Sequence[str] = (),
+        probes: Sequence[Sequence[str]] = (),
     ) -> _Level:
         return cls(
             name=name,
@@ -311,7 +340,7 @@ class _Level:
             backward=regex.compile(pattern, flags=regex.REVERSE),
             cut_before=cut_before,
             max_len=max_len,
-            probes=tuple(probes),
+            probes=tuple(tuple(group) for group in probes),
         )
 
     def last_cut(self, text: str, lo: int, hi: int, floor: int) -> int | None:
@@ -353,27 +382,23 @@ _DEFAULT_LEVELS: tuple[_Level, ...] = (
         _PARAGRAPH,
         cut_before=True,
         max_len=_MAX_SEPARATOR_LOOK,
-        probes=("\n", "\u2029"),
+        probes=[("\n", "\u2029")],
     ),
     _Level.from_pattern(
-        "line", _LINE, cut_before=True, max_len=1, probes=tuple("\n\r\x0b\x0c\x85\u2028")
+        "line", _LINE, cut_before=True, max_len=1, probes=[tuple("\n\r\x0b\x0c\x85\u2028")]
     ),
     _Level.from_pattern(
         "sentence",
         _SENTENCE,
         cut_before=False,
         max_len=_MAX_SEPARATOR_LOOK,
-        probes=tuple(".!?\u2026\u3002\uff01\uff1f\uff1b"),
+        probes=[
+            tuple(_LATIN_TERMINATORS + _CJK_TERMINATORS),
+            tuple(_WS_CHARS + _CJK_TERMINATORS),
+        ],
     ),
     _Level.from_pattern(
-        "word",
-        _WORD,
-        cut_before=True,
-        max_len=1,
-        probes=tuple(
-            " \t\n\r\u3000\x0b\x0c\x1c\x1d\x1e\x1f\x85\u1680\u2000\u2001\u2002\u2003"
-            "\u2004\u2005\u2006\u2008\u2009\u200a\u2028\u2029\u205f"
-        ),
+        "word", _WORD, cut_before=True, max_len=1, probes=[tuple(_BREAKABLE_WS_CHARS)]
     ),
     _CHAR_LEVEL,
 )
@@ -396,7 +421,7 @@ def _levels_from_separators(separators: Sequence[str]) -> tuple[_Level, ...]:
                 regex.escape(sep),
                 cut_before=sep.isspace(),
                 max_len=len(sep),
-                probes=(sep,),
+                probes=[(sep,)],
             )
         )
     levels.append(_CHAR_LEVEL)
@@ -537,7 +562,7 @@ class RecursiveChunker:
             if first >= n:
                 break
             # (bounded: anything past first + size cannot fit in a chunk anyway)
-            min_end = _first_boundary_after(text, first, min(n, first + size + 1))
+            min_end = _first_boundary_after(text, prev_end, first, min(n, first + size + 1))
             start = -1
             if spans and self._overlap:
                 start = self._overlap_start(text, prev_start, prev_end, prev_hard)
@@ -596,7 +621,7 @@ class RecursiveChunker:
                 pos = _skip_ws(text, pos, prev_end)
                 if pos >= prev_end:
                     break
-                snapped = _snap_forward(text, pos, prev_end)
+                snapped = _snap_forward(text, pos, prev_start, prev_end)
                 if snapped == pos:
                     return pos
                 pos = snapped

@@ -156,25 +156,27 @@ def semantic_search(
     fetch = limit * 4 if by_row else limit * 2
     loaded: dict[str, Any] = {}
     rejected: set[str] = set()
-    hits: list[SearchHit[T]] = []
+    wave = limit
+    found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
     while True:
-        found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
-        wanted: list[str] = []
-        for point in found:
-            pk = point.payload.get("pk")
-            if isinstance(pk, str) and pk not in loaded and pk not in rejected and pk not in wanted:
-                wanted.append(pk)
-        if wanted:
-            stmt = select(model).where(pk_in(mapper, wanted))
+        hits, pending = _assemble(found, loaded, rejected, col, limit, by_row, chunks_per_row)
+        if len(hits) >= limit:
+            break
+        if pending:
+            # load only the rows the ranking needs next; waves grow if `where=` rejects many
+            batch = pending[:wave]
+            stmt = select(model).where(pk_in(mapper, batch))
             if where is not None:
                 stmt = stmt.where(where)
             for obj in session.scalars(stmt):
                 loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
-            rejected.update(pk for pk in wanted if pk not in loaded)
-        hits = _assemble(found, loaded, col, limit, by_row, chunks_per_row)
-        if len(hits) >= limit or len(found) < fetch or fetch >= _MAX_FETCH:
-            break
+            rejected.update(pk for pk in batch if pk not in loaded)
+            wave *= 2
+            continue
+        if len(found) < fetch or fetch >= _MAX_FETCH:
+            break  # the collection has no more candidates
         fetch = min(fetch * 4, _MAX_FETCH)
+        found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
     if signals.searched.receivers:
         signals.searched.send(
             model,
@@ -189,44 +191,68 @@ def semantic_search(
 def _assemble(
     found: list[StoreHit],
     loaded: dict[str, Any],
+    rejected: set[str],
     col: SemanticColumn,
     limit: int,
     by_row: bool,
     chunks_per_row: int,
-) -> list[SearchHit[Any]]:
-    grouped: dict[str, list[ScoredChunk]] = {}
-    order: list[tuple[str, ScoredChunk]] = []
+) -> tuple[list[SearchHit[Any]], list[str]]:
+    """The ranked hits that can be decided so far, and the rows still to load, in rank order.
+
+    Ranking stops at the first candidate whose row is not loaded yet, so the hits are always a
+    correct prefix of the final answer.
+    """
+    entries: list[tuple[str, ScoredChunk | None]] = []  # rank order; None: row not loaded yet
+    pending: list[str] = []
     for point in found:
-        payload = point.payload
-        pk = payload.get("pk")
-        if not isinstance(pk, str) or pk not in loaded:
+        pk = point.payload.get("pk")
+        if not isinstance(pk, str) or pk in rejected:
             continue
-        text = _text(loaded[pk], col)
-        start, end = int(payload["start_offset"]), int(payload["end_offset"])
-        meta = dict(payload.get("meta") or {})
-        chunk = Chunk(
-            text=text[start:end],
-            index=int(payload["chunk_index"]),
-            start_offset=start,
-            end_offset=end,
-            total_chunks=int(payload["total_chunks"]),
-            metadata=meta,
-        )
-        scored = ScoredChunk(chunk, point.score)
-        if by_row:
-            row = grouped.setdefault(pk, [])
-            if len(row) < chunks_per_row:
-                row.append(scored)
-        else:
-            order.append((pk, scored))
+        if pk not in loaded:
+            if pk not in pending:
+                pending.append(pk)
+            entries.append((pk, None))
+            continue
+        scored = _scored_chunk(point, _text(loaded[pk], col))
+        if scored is not None:
+            entries.append((pk, scored))
+    hits: list[SearchHit[Any]] = []
     if by_row:
-        return [
-            SearchHit(loaded[pk], chunks[0].score, tuple(chunks), _text(loaded[pk], col))
-            for pk, chunks in list(grouped.items())[:limit]
-        ]
-    return [
-        SearchHit(loaded[pk], sc.score, (sc,), _text(loaded[pk], col)) for pk, sc in order[:limit]
-    ]
+        rows: dict[str, list[ScoredChunk]] = {}
+        for pk, scored in entries:  # rows in order of their best chunk, up to the first unknown
+            if scored is None or len(rows) >= limit:
+                break
+            rows.setdefault(pk, [])
+        for pk, scored in entries:  # each decided row's chunks, wherever they rank
+            if scored is not None and pk in rows and len(rows[pk]) < chunks_per_row:
+                rows[pk].append(scored)
+        for pk, best in rows.items():
+            obj = loaded[pk]
+            hits.append(SearchHit(obj, best[0].score, tuple(best), _text(obj, col)))
+    else:
+        for pk, scored in entries:
+            if scored is None or len(hits) >= limit:
+                break
+            obj = loaded[pk]
+            hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
+    return hits, pending
+
+
+def _scored_chunk(point: StoreHit, text: str) -> ScoredChunk | None:
+    """The chunk a point names, cut from the row's current text; ``None`` if it is stale."""
+    payload = point.payload
+    start, end = int(payload["start_offset"]), int(payload["end_offset"])
+    if end > len(text):  # the row changed after this point was written; its sync is pending
+        return None
+    chunk = Chunk(
+        text=text[start:end],
+        index=int(payload["chunk_index"]),
+        start_offset=start,
+        end_offset=end,
+        total_chunks=int(payload["total_chunks"]),
+        metadata=dict(payload.get("meta") or {}),
+    )
+    return ScoredChunk(chunk, point.score)
 
 
 def _text(obj: Any, col: SemanticColumn) -> str:

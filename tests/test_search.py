@@ -128,3 +128,33 @@ def test_clear_errors_for_bad_calls(Session: sessionmaker[OrmSession], engine: A
 def test_search_before_anything_was_saved_is_empty(Session: sessionmaker[OrmSession]) -> None:
     with Session() as s:
         assert Article.semantic_search(s, "nothing yet") == []
+
+
+def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
+    engine: Any, store: Any, hash_embedder: Any
+) -> None:
+    """A row whose re-sync failed keeps old points; their offsets may overrun its new text."""
+    from semantic_orm.testing import FlakyStore
+
+    from .models import Base
+
+    Base.metadata.create_all(engine)
+    flaky = FlakyStore(store)
+    idx = SemanticIndex(store=flaky, embedder=hash_embedder)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    long_text = " ".join(["rivers and lakes carry fresh water"] * 20)
+    with factory() as s:
+        art = Article(title="t", content=long_text)
+        s.add(art)
+        s.commit()
+        flaky.down = True
+        art.content = "rivers"
+        s.commit()
+        flaky.down = False
+        # every old chunk ends past the new 6-character text: skipped, not a crash
+        assert Article.semantic_search(s, "rivers lakes water", limit=3) == []
+        idx.retry_failed()
+        (hit,) = Article.semantic_search(s, "rivers lakes water", limit=3)
+        assert hit.chunk.text == "rivers" and hit.chunk.total_chunks == 1
+    idx.uninstall(factory)

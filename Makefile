@@ -16,7 +16,7 @@ export TRANSFORMERS_OFFLINE  ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 # ruff errors on paths that do not exist, so lint only the directories that do.
-LINT_PATHS    := $(wildcard semantic_orm tests examples bench)
+LINT_PATHS    := $(wildcard semantic_orm tests examples bench migrations)
 PYTEST_ARGS   ?=
 
 .DEFAULT_GOAL := help

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import signals
+from . import outbox, signals
 from .chunking import Chunk, Chunker, RecursiveChunker, get_chunker, register_chunker
 from .column import SemanticText
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
@@ -47,6 +47,7 @@ from .exc import (
 from .index import SemanticIndex, index_for
 from .search import ScoredChunk, SearchHit, SemanticSearchMixin, semantic_search
 from .stores import EdgeStore, QdrantClientStore, VectorStore
+from .worker import Worker
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -73,9 +74,11 @@ __all__ = [
     "SyncError",
     "VectorStore",
     "VectorStoreError",
+    "Worker",
     "__version__",
     "get_chunker",
     "index_for",
+    "outbox",
     "register_chunker",
     "semantic_search",
     "signals",

@@ -14,32 +14,39 @@ Installing on a ``sessionmaker`` listens on that factory's private Session subcl
 installing on one ``Session`` scopes it to that session. Importing semantic_orm registers
 nothing. ``Model.semantic_search(session, ...)`` finds the index installed for its session.
 
-Sync runs right after commit, in the committing thread. If the embedder or the store fails, the
-commit itself has already succeeded: the failed ops are kept in :attr:`SemanticIndex.failed`,
-reported through the ``sync-failed`` signal and a log warning, and :meth:`retry_failed` replays
-them.
+Every change is recorded as an outbox job in the writer's own transaction
+(:mod:`semantic_orm.outbox`). With ``mode="inline"`` (the default) the jobs of a commit are
+processed right after it, in the committing thread; with ``mode="deferred"`` they wait for a
+worker (:class:`~semantic_orm.worker.Worker`, ``semantic-orm worker``). If the embedder or the
+store fails, the commit has already succeeded and the job stays, with its attempts, last error
+and next retry time: nothing is lost, and :meth:`SemanticIndex.drain` or a worker finishes it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Connection, Engine, inspect, select
+from sqlalchemy.orm import Mapper, Session, sessionmaker
 
-from . import __version__
+from . import __version__, outbox
 from .chunking import Chunker
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
 from .exc import ConfigurationError
-from .mapping import SemanticColumn
+from .mapping import SemanticColumn, semantic_columns
 from .stores.base import CollectionSpec, VectorStore
-from .sync import SessionTracker, Syncer, SyncOp, SyncReport
+from .sync import JobKey, ProcessReport, SessionTracker, Syncer, fingerprint
 
 __all__ = ["SemanticIndex", "index_for"]
+
+log = logging.getLogger("semantic_orm")
 
 DEFAULT_PATH_ENV = "SEMANTIC_ORM_PATH"
 
@@ -82,6 +89,15 @@ class SemanticIndex:
             ``SemanticText(model=...)``. A name not listed is loaded with sentence-transformers.
         collection_prefix: Prepended to every collection name (to share one Qdrant server
             between applications).
+        mode: ``"inline"`` processes a commit's jobs right after it, in the committing thread;
+            ``"deferred"`` leaves them to a worker.
+        models: Declarative base(s) or mapped classes whose SemanticText columns a worker in a
+            fresh process must know (columns seen in a flush are known anyway).
+        max_attempts: Failed attempts after which a permanently failing job is dead-lettered.
+        retry_base: Seconds before the first retry; doubled each attempt.
+        retry_cap: Longest wait between retries, in seconds.
+        create_outbox: Create the outbox table on first use if it is missing. Set ``False`` when
+            your migrations create it.
     """
 
     def __init__(
@@ -91,7 +107,19 @@ class SemanticIndex:
         *,
         embedders: Mapping[str, Embedder] | None = None,
         collection_prefix: str = "",
+        mode: Literal["inline", "deferred"] = "inline",
+        models: Any = None,
+        max_attempts: int = 5,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        create_outbox: bool = True,
     ) -> None:
+        if mode not in ("inline", "deferred"):
+            raise ConfigurationError(
+                f"SemanticIndex mode must be 'inline' or 'deferred', got {mode!r}"
+            )
+        if max_attempts < 1:
+            raise ConfigurationError(f"SemanticIndex max_attempts must be >= 1, got {max_attempts}")
         if store is None:
             from .stores.edge import EdgeStore
 
@@ -100,11 +128,20 @@ class SemanticIndex:
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder(DEFAULT_MODEL)
         self._embedders: dict[str, Embedder] = dict(embedders or {})
         self.collection_prefix = collection_prefix
-        self.failed: dict[tuple[str, str], tuple[SyncOp, BaseException]] = {}
+        self.mode = mode
+        self.max_attempts = max_attempts
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.create_outbox = create_outbox
         self._syncer = Syncer(self)
-        self._tracker = SessionTracker(self._on_commit, self.collection_name)
+        self._tracker = SessionTracker(self)
         self._ensured: set[str] = set()
         self._chunkers: dict[int, Chunker] = {}
+        self._fingerprints: dict[int, str] = {}
+        self._columns: dict[tuple[str, str], SemanticColumn] = {}
+        self._models = models
+        self._engines: dict[int, Engine] = {}
+        self._outbox_ready: set[int] = set()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -126,6 +163,13 @@ class SemanticIndex:
                     f"another SemanticIndex is already installed on {target!r}; uninstall it first"
                 )
             _installed[key] = self
+        bind = target.kw.get("bind") if isinstance(target, sessionmaker) else None
+        if isinstance(bind, Engine):
+            self.remember_engine(bind)
+            if self.create_outbox:
+                with bind.begin() as conn:
+                    self.ensure_outbox(conn)
+                self.outbox_committed(bind)
         self._tracker.install(key)
 
     def uninstall(self, target: sessionmaker[Any] | type[Session] | Session) -> None:
@@ -184,37 +228,147 @@ class SemanticIndex:
         self.store.ensure_collection(self.spec_for(column))
         self._ensured.add(name)
 
-    # -- syncing ------------------------------------------------------------------------------
+    def fingerprint(self, column: SemanticColumn) -> str:
+        """Digest of the model and chunking that produce ``column``'s vectors."""
+        key = id(column.settings)
+        found = self._fingerprints.get(key)
+        if found is None:
+            embedder = self.embedder_for(column)
+            found = fingerprint(
+                embedder.name, embedder.dimension, self.chunker_for(column).config()
+            )
+            self._fingerprints[key] = found
+        return found
 
-    def sync(self, ops: Sequence[SyncOp]) -> SyncReport:
-        """Apply ``ops`` now; failures are returned and kept in :attr:`failed` for retry.
+    # -- columns ------------------------------------------------------------------------------
 
-        A row that syncs successfully clears any older failure for it, so a retry never
-        replaces newer content with an older value.
+    def register_column(self, column: SemanticColumn) -> None:
+        """Remember ``column`` so that jobs naming its table and column can be processed."""
+        self._columns.setdefault((column.table, column.column.name), column)
+
+    def register_models(self, models: Any) -> None:
+        """Register the SemanticText columns of a declarative base, registry or classes."""
+        for mapper in _mappers(models):
+            for column in semantic_columns(mapper):
+                self.register_column(column)
+
+    def column_for(self, table: str, column: str) -> SemanticColumn | None:
+        """The registered column for an outbox job's ``table`` and ``column``."""
+        found = self._columns.get((table, column))
+        if found is None and self._models is not None:
+            self.register_models(self._models)
+            found = self._columns.get((table, column))
+        return found
+
+    def columns(self) -> list[SemanticColumn]:
+        """Every registered SemanticText column."""
+        if self._models is not None:
+            self.register_models(self._models)
+        return list(self._columns.values())
+
+    # -- the outbox and syncing ---------------------------------------------------------------
+
+    def ensure_outbox(self, conn: Connection) -> None:
+        """Create the outbox table on ``conn``'s database if missing, in ``conn``'s transaction.
+
+        The check stops once a transaction that saw the table has committed
+        (:meth:`outbox_committed`): a table created in a transaction that rolls back is gone.
         """
-        report = self._syncer.apply(ops)
-        failed_keys: set[tuple[str, str]] = set()
-        with self._lock:
-            for group, exc in report.failed:
-                for op in group:
-                    key = (self.collection_name(op.column), op.pk)
-                    self.failed[key] = (op, exc)
-                    failed_keys.add(key)
-            for op in ops:
-                key = (self.collection_name(op.column), op.pk)
-                if key not in failed_keys:
-                    self.failed.pop(key, None)
-        return report
+        if self.create_outbox and id(conn.engine) not in self._outbox_ready:
+            outbox.outbox.create(conn, checkfirst=True)
 
-    def _on_commit(self, ops: list[SyncOp]) -> None:
-        self.sync(ops)
+    def outbox_committed(self, engine: Engine) -> None:
+        """Record that ``engine``'s database has the outbox table for good."""
+        self._outbox_ready.add(id(engine))
 
-    def retry_failed(self) -> SyncReport:
-        """Replay the latest failed op of each row; ones that fail again stay in :attr:`failed`."""
-        with self._lock:
-            pending = [op for op, _ in self.failed.values()]
-        return self.sync(pending)
+    def remember_engine(self, engine: Engine) -> None:
+        """Remember an engine whose sessions wrote jobs (for :meth:`drain` without arguments)."""
+        self._engines.setdefault(id(engine), engine)
+
+    def committed(self, engine: Engine, keys: Sequence[JobKey]) -> None:
+        """Called after a commit wrote jobs for ``keys``: process them now in inline mode.
+
+        Never raises: the commit has happened, and a failed job stays in the outbox.
+        """
+        self.outbox_committed(engine)
+        if self.mode != "inline":
+            return
+        try:
+            self._syncer.process(engine, keys=keys, limit=max(len(keys) * 2, 16))
+        except Exception:
+            log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
+
+    def _engine(self, bind: Engine | sessionmaker[Any] | None) -> Engine:
+        if isinstance(bind, Engine):
+            return bind
+        if isinstance(bind, sessionmaker):
+            engine = bind.kw.get("bind")
+            if isinstance(engine, Engine):
+                return engine
+            raise ConfigurationError("that sessionmaker has no bind=Engine to process jobs with")
+        if len(self._engines) == 1:
+            return next(iter(self._engines.values()))
+        raise ConfigurationError("pass the Engine (or sessionmaker) whose outbox to process")
+
+    def process(
+        self, bind: Engine | sessionmaker[Any] | None = None, *, limit: int = 256
+    ) -> ProcessReport:
+        """Process one batch of due jobs; returns what happened."""
+        return self._syncer.process(self._engine(bind), limit=limit)
+
+    def drain(
+        self,
+        bind: Engine | sessionmaker[Any] | None = None,
+        *,
+        timeout: float | None = 60.0,
+        limit: int = 256,
+    ) -> ProcessReport:
+        """Block until no job is pending (read-your-writes for tests and scripts).
+
+        Jobs waiting for a retry are waited for; dead-lettered jobs are not.
+
+        Raises:
+            TimeoutError: If jobs are still pending after ``timeout`` seconds.
+        """
+        engine = self._engine(bind)
+        total = ProcessReport()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            report = self._syncer.process(engine, limit=limit)
+            for name in ("claimed", "done", "retried", "dead", "skipped"):
+                setattr(total, name, getattr(total, name) + getattr(report, name))
+            if report.claimed:
+                continue
+            with engine.connect() as conn:
+                with conn.begin():
+                    self.ensure_outbox(conn)
+                    pending = conn.execute(
+                        select(outbox.outbox.c.next_attempt_at)
+                        .where(outbox.outbox.c.dead.is_(False))
+                        .order_by(outbox.outbox.c.next_attempt_at)
+                        .limit(1)
+                    ).first()
+            if pending is None:
+                return total
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"semantic_orm: jobs still pending after {timeout} s")
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Close the vector store."""
         self.store.close()
+
+
+def _mappers(models: Any) -> Iterable[Mapper[Any]]:
+    """Mappers of a declarative base, a registry, a mapped class, or an iterable of those."""
+    registry = getattr(models, "registry", None)
+    if registry is not None and hasattr(registry, "mappers"):
+        return list(registry.mappers)
+    if hasattr(models, "mappers"):
+        return list(models.mappers)
+    if isinstance(models, type):
+        return [inspect(models)]
+    out: list[Mapper[Any]] = []
+    for item in models:
+        out.extend(_mappers(item))
+    return out

@@ -1,49 +1,75 @@
-"""Syncing committed changes to the vector store.
+"""Syncing committed changes to the vector store, through a transactional outbox.
 
-Two halves, kept apart so that a durable outbox can replace the first later:
+Three steps, each its own unit:
 
 **Staging** (:class:`SessionTracker`). Listeners on a ``sessionmaker`` or ``Session`` watch each
 flush. ``before_flush`` refuses values that cannot be indexed, naming the model and column.
-``after_flush`` (primary keys exist by then) records one :class:`SyncOp` per changed
-``SemanticText`` attribute, keyed by the transaction that flushed it: the innermost savepoint, or
-the session's root transaction. When a savepoint is released its ops move to the enclosing
-transaction; when the root commits they are handed to the index. Anything left on a transaction
-when it ends without committing (a rollback, a savepoint rollback, an exception inside
-``session.begin()``) is dropped. Changing other columns stages nothing.
+``after_flush`` (primary keys exist by then) writes one outbox job per changed ``SemanticText``
+attribute *in the flush's own transaction* (:mod:`semantic_orm.outbox`), and remembers the job
+keys on the transaction that flushed them: the innermost savepoint, or the root. When a
+savepoint is released its keys move to the enclosing transaction; when the root commits they are
+handed to the index, which processes them inline or leaves them to a worker. A rollback of any
+kind removes the jobs with the rest of the transaction. Changing other columns stages nothing.
 
-**Applying** (:class:`Syncer`). For each collection: chunk the new values, embed every chunk of
-every row in one batched call, upsert the points (deterministic ids, so a re-save overwrites),
-then delete each row's points past its new last chunk, so an update leaves no stale points and a
-delete removes them all.
+**Processing** (:meth:`Syncer.process`). Claims due jobs (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, plus a per-row advisory lock so two workers never sync the same row at once), reads
+each row's *current* committed value, applies it, and deletes the jobs. Failures keep the job
+with its attempt count, last error and a backoff; permanent ones are dead-lettered after
+``max_attempts``; a poison row is isolated by bisection so the rest of its batch still syncs.
+
+**Applying** (:meth:`Syncer.apply`). For each collection: chunk the values, fetch the row's
+existing points, embed only chunks whose text is new (unchanged chunks keep their vectors; moved
+ones get a payload update without a model call), upsert in batches (deterministic ids), then
+delete each row's points past its new last chunk.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import json
 import logging
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event, inspect
-from sqlalchemy.orm import InstanceState, Session, SessionTransaction, UOWTransaction
+from sqlalchemy import Connection, Engine, event, func, inspect, select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import (
+    InstanceState,
+    ORMExecuteState,
+    Session,
+    SessionTransaction,
+    UOWTransaction,
+)
 
-from . import signals
+from . import outbox, signals
 from .chunking import Chunk
 from .column import check_semantic_value
-from .exc import ChunkTooLongWarning
-from .mapping import SemanticColumn, row_key, semantic_columns
+from .exc import (
+    ChunkTooLongWarning,
+    ConfigurationError,
+    EmbeddingError,
+    SemanticTypeError,
+    SemanticValueError,
+    VectorStoreError,
+)
+from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .stores.base import VectorPoint, point_id
 
 if TYPE_CHECKING:
     from .index import SemanticIndex
 
-__all__ = ["SessionTracker", "SyncOp", "SyncReport", "Syncer"]
+__all__ = ["ProcessReport", "SessionTracker", "SyncOp", "SyncReport", "Syncer", "is_transient"]
 
 log = logging.getLogger("semantic_orm")
 
 _STAGED = "semantic_orm.staged"
+
+JobKey = tuple[str, str, str]  # (table, column, row key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +88,42 @@ class SyncReport:
     upserted: int = 0
     deleted: int = 0
     points: int = 0
+    embedded: int = 0
+    reused: int = 0
     failed: list[tuple[list[SyncOp], BaseException]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ProcessReport:
+    """What one :meth:`Syncer.process` pass did with outbox jobs."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    skipped: int = 0
+    sync: SyncReport = field(default_factory=SyncReport)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying later may succeed (store unreachable, database busy).
+
+    Values that cannot be embedded, and unexpected errors, are permanent: they are retried up to
+    ``max_attempts`` times, then dead-lettered. Transient errors are retried with capped backoff
+    and never dead-lettered, so an outage does not bury the whole queue.
+    """
+    if isinstance(error, (SemanticValueError, SemanticTypeError, EmbeddingError)):
+        return False
+    return isinstance(
+        error,
+        (VectorStoreError, ConfigurationError, ConnectionError, TimeoutError, OperationalError),
+    )
 
 
 # -- staging ------------------------------------------------------------------------------------
 
 
-def _staged(session: Session) -> dict[SessionTransaction, dict[tuple[str, str], SyncOp]]:
+def _staged(session: Session) -> dict[SessionTransaction, set[JobKey]]:
     return session.info.setdefault(_STAGED, {})  # type: ignore[no-any-return]
 
 
@@ -92,29 +147,24 @@ def _identity(state: InstanceState[Any]) -> tuple[Any, ...]:
 
 
 class SessionTracker:
-    """Session listeners that stage ``SemanticText`` changes and hand them over on commit.
+    """Session listeners that write outbox jobs in flush and hand them over on commit.
 
     Args:
-        on_commit: Called with the ops of each committed root transaction.
-        collection: Maps a column to its collection name (used to key staged ops).
+        index: The index whose columns, outbox and processing these sessions feed.
     """
 
-    def __init__(
-        self,
-        on_commit: Callable[[list[SyncOp]], Any],
-        collection: Callable[[SemanticColumn], str],
-    ) -> None:
-        self._on_commit = on_commit
-        self._collection = collection
+    def __init__(self, index: SemanticIndex) -> None:
+        self.index = index
         self.listeners: dict[str, Callable[..., None]] = {
             "before_flush": self.before_flush,
             "after_flush": self.after_flush,
             "after_commit": self.after_commit,
             "after_transaction_end": self.after_transaction_end,
+            "do_orm_execute": self.do_orm_execute,
         }
 
     def install(self, target: Any) -> None:
-        """Listen on ``target`` (a sessionmaker, Session subclass or Session)."""
+        """Listen on ``target`` (a Session subclass or a Session)."""
         for name, fn in self.listeners.items():
             if not event.contains(target, name, fn):
                 event.listen(target, name, fn)
@@ -142,108 +192,286 @@ class SessionTracker:
         old_key = row_key(state.identity) if state.identity is not None else None
         return old_key, new_key
 
-    def before_flush(self, session: Session, flush_context: UOWTransaction, instances: Any) -> None:
-        """Refuse values that cannot be indexed before any SQL is sent.
-
-        Also loads the semantic values of rows whose primary key changes, so that
-        ``after_flush`` can move their points to the new key.
-        """
-        for state, columns in self._semantic(session.new):
-            for col in columns:
-                self._check(state, col)
-        for state, columns in self._semantic(session.dirty):
-            old_key, new_key = self._keys(state)
-            for col in columns:
-                if old_key is not None and old_key != new_key:
-                    getattr(state.obj(), col.key)  # load it if expired
-                if state.attrs[col.key].history.has_changes():
-                    self._check(state, col)
-
     @staticmethod
     def _check(state: InstanceState[Any], col: SemanticColumn) -> None:
         value = state.dict.get(col.key)
         if value is not None:
             check_semantic_value(value, where=col.label)
 
+    def before_flush(self, session: Session, flush_context: UOWTransaction, instances: Any) -> None:
+        """Refuse values that cannot be indexed before any SQL is sent."""
+        for state, columns in self._semantic(session.new):
+            for col in columns:
+                self._check(state, col)
+        for state, columns in self._semantic(session.dirty):
+            for col in columns:
+                if state.attrs[col.key].history.has_changes():
+                    self._check(state, col)
+
     def after_flush(self, session: Session, flush_context: UOWTransaction) -> None:
-        """Stage one op per changed semantic attribute on the owning transaction."""
+        """Write one outbox job per changed semantic attribute, in the flush's transaction."""
         owner = _owner(session)
         if owner is None:
             return
-        ops: list[SyncOp] = []
+        keys: list[JobKey] = []
+
+        def add(col: SemanticColumn, key: str) -> None:
+            self.index.register_column(col)
+            keys.append((col.table, col.column.name, key))
+
         for state, columns in self._semantic(session.new):
             _, key = self._keys(state)
-            ops.extend(SyncOp(col, key, state.dict.get(col.key)) for col in columns)
+            for col in columns:
+                add(col, key)
         for state, columns in self._semantic(session.dirty):
             old_key, key = self._keys(state)
             moved = old_key is not None and old_key != key
             for col in columns:
                 if moved:  # primary key changed: the old key's points go, the new key's come
                     assert old_key is not None
-                    ops.append(SyncOp(col, old_key, None))
-                    ops.append(SyncOp(col, key, state.dict.get(col.key)))
+                    add(col, old_key)
+                    add(col, key)
                 elif state.attrs[col.key].history.has_changes():
-                    ops.append(SyncOp(col, key, state.dict.get(col.key)))
+                    add(col, key)
         for state, columns in self._semantic(session.deleted):
             key = row_key(_identity(state))
-            ops.extend(SyncOp(col, key, None) for col in columns)
-        if ops:
-            staged = _staged(session).setdefault(owner, {})
-            for op in ops:
-                staged[(self._collection(op.column), op.pk)] = op
+            for col in columns:
+                add(col, key)
+        self._stage(session, keys)
+
+    def _stage(self, session: Session, keys: list[JobKey]) -> None:
+        if not keys:
+            return
+        conn = session.connection()  # begins the session's transaction if needed
+        owner = _owner(session)
+        assert owner is not None
+        self.index.ensure_outbox(conn)
+        outbox.enqueue(conn, keys)
+        self.index.remember_engine(conn.engine)
+        _staged(session).setdefault(owner, set()).update(keys)
+
+    def do_orm_execute(self, state: ORMExecuteState) -> None:
+        """Enqueue jobs for bulk ``update()``/``delete()`` statements on semantic models.
+
+        The affected primary keys are read, in the same transaction, just before the statement
+        runs. A bulk ``insert()`` without explicit primary keys is refused: its rows could not
+        be named, so the index would silently miss them.
+        """
+        if not (state.is_update or state.is_delete or state.is_insert):
+            return
+        mapper = state.bind_mapper
+        if mapper is None:
+            return
+        columns = semantic_columns(mapper)
+        if not columns:
+            return
+        for col in columns:
+            self.index.register_column(col)
+        params = state.parameters
+        rows: list[Mapping[str, Any]] = (
+            list(params) if isinstance(params, list) else [params] if params else []  # type: ignore[list-item]
+        )
+        pk_names = [mapper.get_property_by_column(c).key for c in mapper.primary_key]
+        where = getattr(state.statement, "whereclause", None)
+        by_pk = bool(rows) and all(n in r for r in rows for n in pk_names)
+        if state.is_insert or (by_pk and where is None):  # bulk insert, or bulk update by pk
+            if not by_pk:
+                raise ConfigurationError(
+                    f"bulk insert into {mapper.class_.__name__}, which has SemanticText columns, "
+                    "without primary key values cannot be synced to the index: use "
+                    "session.add_all(), or pass the primary keys"
+                )
+            keys = [row_key([r[n] for n in pk_names]) for r in rows]
+        else:  # update/delete with criteria: read the rows they will touch, before they run
+            query = select(*mapper.primary_key)
+            if where is not None:
+                query = query.where(where)
+            keys = [row_key(tuple(row)) for row in state.session.execute(query)]
+        self._stage(
+            state.session, [(col.table, col.column.name, key) for key in keys for col in columns]
+        )
 
     def after_commit(self, session: Session) -> None:
-        """Move a released savepoint's ops outward; hand a root commit's ops to the index."""
+        """Move a released savepoint's keys outward; hand a root commit's keys to the index."""
         staged = session.info.get(_STAGED)
         if not staged:
             return
         trans = _owner(session)
         if trans is None:
             return
-        ops = staged.pop(trans, None)
-        if not ops:
+        keys = staged.pop(trans, None)
+        if not keys:
             return
         parent = _enclosing(trans)
         if trans.nested and parent is not None:
-            staged.setdefault(parent, {}).update(ops)
+            staged.setdefault(parent, set()).update(keys)
             return
-        self._on_commit(list(ops.values()))
+        bind = session.get_bind()
+        engine = bind if isinstance(bind, Engine) else bind.engine
+        self.index.committed(engine, sorted(keys))
 
     def after_transaction_end(self, session: Session, trans: SessionTransaction) -> None:
-        """Drop whatever a transaction still holds when it ends: it did not commit."""
+        """Forget whatever a transaction still holds when it ends: it did not commit."""
         staged = session.info.get(_STAGED)
         if staged:
             staged.pop(trans, None)
 
 
-# -- applying -----------------------------------------------------------------------------------
+# -- processing and applying ----------------------------------------------------------------
+
+
+def _chunk_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
 
 
 class Syncer:
-    """Applies :class:`SyncOp` batches: chunk, embed in one batch, upsert, prune stale points."""
+    """Processes outbox jobs and applies :class:`SyncOp` batches to the store."""
 
     def __init__(self, index: SemanticIndex) -> None:
         self.index = index
         self._warned: set[str] = set()
+        self._lock = threading.RLock()  # one processing pass at a time in this process
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    def process(
+        self, engine: Engine, *, keys: Sequence[JobKey] | None = None, limit: int = 256
+    ) -> ProcessReport:
+        """Claim due jobs (or those of ``keys``), sync their rows' current values, settle them."""
+        report = ProcessReport()
+        with self._lock, engine.connect() as conn:
+            with conn.begin():
+                self.index.ensure_outbox(conn)
+                jobs = outbox.claim(conn, limit=limit, keys=keys)
+                report.claimed = len(jobs)
+                if jobs:
+                    self._process_claimed(conn, jobs, report)
+            self.index.outbox_committed(engine)
+        return report
+
+    def _process_claimed(
+        self, conn: Connection, jobs: list[outbox.Job], report: ProcessReport
+    ) -> None:
+        """Sync the rows of claimed jobs and settle the jobs, inside the claiming transaction."""
+        jobs = self._lock_rows(conn, jobs, report)
+        by_key: dict[JobKey, list[outbox.Job]] = {}
+        for job in jobs:
+            by_key.setdefault(job.key, []).append(job)
+        ops, unknown = self._read_current(conn, list(by_key))
+        for key in unknown:
+            missing = ConfigurationError(
+                f"no mapped SemanticText column for {key[0]}.{key[1]}: import the models "
+                "(or pass models= to SemanticIndex) in the process that syncs"
+            )
+            self._settle_failure(conn, by_key.pop(key), missing, report)
+        sync = self.apply(ops)
+        report.sync = sync
+        failed_keys: set[JobKey] = set()
+        for group, error in sync.failed:
+            for op in group:
+                key = (op.column.table, op.column.column.name, op.pk)
+                failed_keys.add(key)
+                self._settle_failure(conn, by_key[key], error, report)
+        done = [j.id for k, js in by_key.items() if k not in failed_keys for j in js]
+        outbox.finish(conn, done)
+        report.done += len(done)
+
+    def _lock_rows(
+        self, conn: Connection, jobs: list[outbox.Job], report: ProcessReport
+    ) -> list[outbox.Job]:
+        """On PostgreSQL keep only jobs whose row no other worker is syncing right now."""
+        if conn.dialect.name != "postgresql":
+            return jobs
+        kept: list[outbox.Job] = []
+        locked: dict[JobKey, bool] = {}
+        for job in jobs:
+            if job.key not in locked:
+                name = "\x1f".join(job.key)
+                locked[job.key] = bool(
+                    conn.execute(
+                        select(func.pg_try_advisory_xact_lock(func.hashtextextended(name, 0)))
+                    ).scalar()
+                )
+            if locked[job.key]:
+                kept.append(job)
+            else:
+                report.skipped += 1
+        return kept
+
+    def _read_current(
+        self, conn: Connection, keys: list[JobKey]
+    ) -> tuple[list[SyncOp], list[JobKey]]:
+        """Ops carrying each row's current committed value (``None`` if the row is gone)."""
+        by_column: dict[tuple[str, str], list[str]] = {}
+        for table, column, pk in keys:
+            by_column.setdefault((table, column), []).append(pk)
+        ops: list[SyncOp] = []
+        unknown: list[JobKey] = []
+        with Session(bind=conn, autoflush=False) as session:
+            for (table, column), pks in by_column.items():
+                col = self.index.column_for(table, column)
+                if col is None:
+                    unknown.extend((table, column, pk) for pk in pks)
+                    continue
+                values: dict[str, str | None] = {}
+                mapper = col.mapper
+                for start in range(0, len(pks), 500):
+                    chunk = pks[start : start + 500]
+                    stmt = select(mapper).where(pk_in(mapper, chunk))
+                    for obj in session.scalars(stmt):
+                        values[row_key(mapper.primary_key_from_instance(obj))] = getattr(
+                            obj, col.key
+                        )
+                ops.extend(SyncOp(col, pk, values.get(pk)) for pk in pks)
+        return ops, unknown
+
+    def _settle_failure(
+        self, conn: Connection, jobs: list[outbox.Job], error: BaseException, report: ProcessReport
+    ) -> None:
+        transient = is_transient(error)
+        attempts = max(job.attempts for job in jobs) + 1
+        dead = not transient and attempts >= self.index.max_attempts
+        delay = min(self.index.retry_cap, self.index.retry_base * 2 ** (attempts - 1))
+        outbox.fail(conn, jobs, error, retry_in=dt.timedelta(seconds=delay), dead=dead)
+        if dead:
+            report.dead += len(jobs)
+            log.error(
+                "semantic_orm: dead-lettered %s after %d attempts: %s", jobs[0].key, attempts, error
+            )
+        else:
+            report.retried += len(jobs)
+
+    # -- applying ---------------------------------------------------------------------------
 
     def apply(self, ops: Sequence[SyncOp]) -> SyncReport:
-        """Sync ``ops``; a failing collection is reported in ``failed``, the others still sync."""
+        """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs.
+
+        A batch that fails with a permanent error is bisected, so one poison row fails alone.
+        """
         report = SyncReport()
         by_collection: dict[str, list[SyncOp]] = {}
         for op in ops:
             by_collection.setdefault(self.index.collection_name(op.column), []).append(op)
         for collection, group in by_collection.items():
-            try:
-                self._apply_collection(collection, group, report)
-            except Exception as exc:  # reported to the caller, which keeps the ops for retry
-                column = group[0].column
-                log.warning("semantic_orm: syncing %s failed: %s", column.label, exc)
-                if signals.sync_failed.receivers:
-                    signals.sync_failed.send(
-                        column.model, column=column.key, pks=[op.pk for op in group], error=exc
-                    )
-                report.failed.append((group, exc))
+            self._apply_isolating(collection, group, report)
         return report
+
+    def _apply_isolating(self, collection: str, ops: list[SyncOp], report: SyncReport) -> None:
+        try:
+            self._apply_collection(collection, ops, report)
+        except Exception as exc:
+            if len(ops) > 1 and not is_transient(exc):
+                half = len(ops) // 2
+                self._apply_isolating(collection, ops[:half], report)
+                self._apply_isolating(collection, ops[half:], report)
+                return
+            column = ops[0].column
+            log.warning("semantic_orm: syncing %s failed: %s", column.label, exc)
+            if signals.sync_failed.receivers:
+                signals.sync_failed.send(
+                    column.model, column=column.key, pks=[op.pk for op in ops], error=exc
+                )
+            report.failed.append((ops, exc))
 
     def _apply_collection(self, collection: str, ops: list[SyncOp], report: SyncReport) -> None:
         column = ops[0].column
@@ -252,6 +480,7 @@ class Syncer:
         embedder = self.index.embedder_for(column)
         chunker = self.index.chunker_for(column)
         self.index.ensure_collection(column)
+        config = self.index.fingerprint(column)
 
         rows: list[tuple[str, list[Chunk]]] = []
         for op in ops:
@@ -260,8 +489,51 @@ class Syncer:
             if chunks and signals.chunked.receivers:
                 signals.chunked.send(model, column=column.key, pk=op.pk, chunks=chunks)
 
-        texts = [c.text for _, chunks in rows for c in chunks]
-        if texts:
+        # what the store already holds for these rows: vectors to reuse, payloads to compare
+        live = [pk for pk, chunks in rows if chunks]
+        existing = store.existing(collection, live) if live else []
+        reusable: dict[tuple[str, str], Any] = {}
+        current: dict[tuple[str, int], dict[str, Any]] = {}
+        for point in existing:
+            stored = point.payload
+            if stored.get("cfg") != config:
+                continue  # produced by another model or chunking: not comparable
+            pk = str(stored["pk"])
+            reusable[(pk, str(stored.get("hash")))] = point.vector
+            current[(pk, int(stored["chunk_index"]))] = dict(stored)
+
+        table = column.table
+        slots: list[tuple[str, Any, dict[str, Any]]] = []  # (id, vector or None, payload)
+        to_embed: list[tuple[int, str]] = []
+        for pk, chunks in rows:
+            for chunk in chunks:
+                digest = _chunk_hash(chunk.text)
+                payload: dict[str, Any] = {
+                    "table": table,
+                    "pk": pk,
+                    "column": column.column.name,
+                    "chunk_index": chunk.index,
+                    "start_offset": chunk.start_offset,
+                    "end_offset": chunk.end_offset,
+                    "total_chunks": chunk.total_chunks,
+                    "hash": digest,
+                    "cfg": config,
+                }
+                if chunk.metadata:
+                    payload["meta"] = dict(chunk.metadata)
+                if current.get((pk, chunk.index)) == payload:
+                    report.reused += 1
+                    continue  # unchanged: nothing to write
+                pid = point_id(collection, pk, chunk.index)
+                vector = reusable.get((pk, digest))
+                if vector is not None:
+                    report.reused += 1
+                else:
+                    to_embed.append((len(slots), chunk.text))
+                slots.append((pid, vector, payload))
+
+        if to_embed:
+            texts = [text for _, text in to_embed]
             self._check_window(column, texts)
             started = time.perf_counter()
             vectors = embedder.encode(texts)
@@ -273,28 +545,14 @@ class Syncer:
                     model=embedder.name,
                     seconds=time.perf_counter() - started,
                 )
-            table = column.table
-            points: list[VectorPoint] = []
-            n = 0
-            for pk, chunks in rows:
-                for chunk in chunks:
-                    payload: dict[str, Any] = {
-                        "table": table,
-                        "pk": pk,
-                        "column": column.column.name,
-                        "chunk_index": chunk.index,
-                        "start_offset": chunk.start_offset,
-                        "end_offset": chunk.end_offset,
-                        "total_chunks": chunk.total_chunks,
-                    }
-                    if chunk.metadata:
-                        payload["meta"] = dict(chunk.metadata)
-                    points.append(
-                        VectorPoint(point_id(collection, pk, chunk.index), vectors[n], payload)
-                    )
-                    n += 1
-            store.upsert(collection, points)
-            report.points += len(points)
+            for (slot, _), vector in zip(to_embed, vectors, strict=True):
+                pid, _, payload = slots[slot]
+                slots[slot] = (pid, vector, payload)
+            report.embedded += len(texts)
+        ready = [VectorPoint(pid, vector, payload) for pid, vector, payload in slots]
+        if ready:
+            store.upsert(collection, ready)
+            report.points += len(ready)
         store.delete_rows(collection, [(pk, len(chunks)) for pk, chunks in rows])
         upserted = [pk for pk, chunks in rows if chunks]
         deleted = [pk for pk, chunks in rows if not chunks]
@@ -302,7 +560,11 @@ class Syncer:
         report.deleted += len(deleted)
         if signals.synced.receivers:
             signals.synced.send(
-                model, column=column.key, upserted=upserted, deleted=deleted, points=len(texts)
+                model,
+                column=column.key,
+                upserted=upserted,
+                deleted=deleted,
+                points=len(ready),
             )
 
     def _check_window(self, column: SemanticColumn, texts: Sequence[str]) -> None:
@@ -329,3 +591,9 @@ class Syncer:
             ),
             stacklevel=2,
         )
+
+
+def fingerprint(model: str, dimension: int, chunker: dict[str, Any]) -> str:
+    """Short digest of what makes vectors comparable: model, dimension, chunking settings."""
+    blob = json.dumps([model, dimension, chunker], sort_keys=True)
+    return hashlib.blake2b(blob.encode("utf-8"), digest_size=6).hexdigest()

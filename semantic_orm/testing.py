@@ -123,6 +123,11 @@ class FlakyStore:
         """Forward (reads for assertions work even while down)."""
         return self.inner.points(collection, pk)
 
+    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
+        """Forward unless down."""
+        self._check()
+        return self.inner.existing(collection, pks)
+
     def count(self, collection: str) -> int:
         """Forward (reads for assertions work even while down)."""
         return self.inner.count(collection)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -108,8 +109,23 @@ def db_url(request: pytest.FixtureRequest) -> URL:
 
 @pytest.fixture
 def engine(db_url: URL) -> Iterator[Engine]:
-    """A SQLAlchemy :class:`~sqlalchemy.engine.Engine` on ``db_url``; disposed afterwards."""
+    """A SQLAlchemy :class:`~sqlalchemy.engine.Engine` on ``db_url``; disposed afterwards.
+
+    SQLite gets SQLAlchemy's documented pysqlite recipe (driver-level transactions off, an
+    explicit ``BEGIN``), without which a SAVEPOINT opened first in a transaction is committed by
+    its RELEASE and a later ROLLBACK undoes nothing.
+    """
     eng = sa.create_engine(db_url)
+    if eng.dialect.name == "sqlite":
+
+        @sa.event.listens_for(eng, "connect")
+        def _no_driver_transactions(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.isolation_level = None
+
+        @sa.event.listens_for(eng, "begin")
+        def _explicit_begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN")
+
     try:
         yield eng
     finally:

@@ -18,6 +18,7 @@ from semantic_orm import (
     SemanticIndex,
     SemanticTypeError,
     SemanticValueError,
+    outbox,
     signals,
 )
 from semantic_orm.mapping import row_key
@@ -31,6 +32,18 @@ LONG = "\n\n".join(
     f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
     for i in range(12)
 )
+
+
+def jobs(engine: Any) -> list[dict[str, Any]]:
+    """The outbox rows, oldest first (empty if the table was never created)."""
+    from sqlalchemy import inspect as sa_inspect
+    from sqlalchemy import select
+
+    if not sa_inspect(engine).has_table(outbox.OUTBOX_TABLE):
+        return []
+    with engine.connect() as conn:
+        rows = conn.execute(select(outbox.outbox).order_by(outbox.outbox.c.id))
+        return [dict(r._mapping) for r in rows]
 
 
 def points_of(index: SemanticIndex, pk: Any, collection: str = COLL) -> list[dict[str, Any]]:
@@ -148,17 +161,20 @@ def test_other_columns_embed_nothing(
     assert hash_embedder.texts_encoded == encoded
 
 
-def test_rollback_sends_nothing(Session: sessionmaker[OrmSession], index: SemanticIndex) -> None:
+def test_rollback_sends_nothing(
+    Session: sessionmaker[OrmSession], index: SemanticIndex, engine: Any
+) -> None:
     with Session() as s:
         s.add(Article(title="t", content=LONG))
         s.flush()
         s.rollback()
         s.commit()
     assert index.store.count(COLL) == 0
+    assert jobs(engine) == []
 
 
 def test_exception_inside_begin_sends_nothing(
-    Session: sessionmaker[OrmSession], index: SemanticIndex
+    Session: sessionmaker[OrmSession], index: SemanticIndex, engine: Any
 ) -> None:
     with pytest.raises(KeyError):
         with Session.begin() as s:
@@ -166,10 +182,11 @@ def test_exception_inside_begin_sends_nothing(
             s.flush()
             raise KeyError("boom")
     assert index.store.count(COLL) == 0
+    assert jobs(engine) == []
 
 
 def test_savepoint_rollback_drops_only_its_own_changes(
-    Session: sessionmaker[OrmSession], index: SemanticIndex
+    Session: sessionmaker[OrmSession], index: SemanticIndex, engine: Any
 ) -> None:
     with Session() as s:
         kept = Article(title="kept", content="kept text about rivers")
@@ -193,10 +210,11 @@ def test_savepoint_rollback_drops_only_its_own_changes(
     assert only["end_offset"] == len("kept text about rivers")
     (only,) = points_of(index, released.id)
     assert only["end_offset"] == len("released text about lakes")
+    assert jobs(engine) == []
 
 
 def test_released_savepoint_then_root_rollback_sends_nothing(
-    Session: sessionmaker[OrmSession], index: SemanticIndex
+    Session: sessionmaker[OrmSession], index: SemanticIndex, engine: Any
 ) -> None:
     with Session() as s:
         with s.begin_nested():
@@ -204,7 +222,9 @@ def test_released_savepoint_then_root_rollback_sends_nothing(
             with s.begin_nested():
                 s.add(Article(title="u", content=LONG))
         s.rollback()
+        assert s.query(Article).count() == 0
     assert index.store.count(COLL) == 0
+    assert jobs(engine) == []
 
 
 def test_non_string_value_fails_at_flush_naming_model_and_column(
@@ -286,14 +306,14 @@ def test_primary_key_change_moves_points(
     assert point["end_offset"] == len("a summary")
 
 
-def test_store_outage_keeps_the_commit_and_retries(
+def test_store_outage_keeps_the_commit_and_the_job(
     engine: Any, hash_embedder: HashEmbedder, store: Any
 ) -> None:
     from .models import Base
 
     Base.metadata.create_all(engine)
     flaky = FlakyStore(store)
-    idx = SemanticIndex(store=flaky, embedder=hash_embedder)
+    idx = SemanticIndex(store=flaky, embedder=hash_embedder, retry_base=0.01)
     factory = sessionmaker(engine, expire_on_commit=False)
     idx.install(factory)
     failures: list[dict[str, Any]] = []
@@ -309,17 +329,19 @@ def test_store_outage_keeps_the_commit_and_retries(
             s.commit()  # does not raise
         with factory() as s:
             assert s.get(Article, art.id) is not None
-        assert len(idx.failed) == 1
+        (job,) = jobs(engine)
+        assert job["row_pk"] == str(art.id) and job["attempts"] == 1 and not job["dead"]
+        assert "unreachable" in job["last_error"]
         assert failures and failures[0]["sender"] is Article
         assert failures[0]["pks"] == [str(art.id)]
         flaky.down = False
-        report = idx.retry_failed()
-    assert report.failed == [] and idx.failed == {}
+        idx.drain(engine, timeout=10)
+    assert jobs(engine) == []
     assert len(points_of(idx, art.id)) > 1
     idx.uninstall(factory)
 
 
-def test_newer_success_clears_older_failure(
+def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
     engine: Any, hash_embedder: HashEmbedder, store: Any
 ) -> None:
     from .models import Base
@@ -334,11 +356,11 @@ def test_newer_success_clears_older_failure(
         s.add(art)
         flaky.down = True
         s.commit()
+        assert len(jobs(engine)) == 1
         flaky.down = False
         art.content = "newest content"
         s.commit()
-    assert idx.failed == {}
-    idx.retry_failed()
+    assert jobs(engine) == []
     (only,) = points_of(idx, art.id)
     assert only["end_offset"] == len("newest content")
     idx.uninstall(factory)

@@ -73,11 +73,12 @@ class VectorPoint:
 
 @dataclass(frozen=True, slots=True)
 class StoreHit:
-    """A point returned by a store query: its id, score and payload."""
+    """A point returned by a store query: its id, score, payload and (if asked) vector."""
 
     id: str
     score: float
     payload: Mapping[str, Any]
+    vector: npt.NDArray[np.float32] | None = None
 
 
 @runtime_checkable
@@ -113,6 +114,10 @@ class VectorStore(Protocol):
 
     def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
         """Every point of the collection, or of one row; score is 0. For tests and tools."""
+        ...
+
+    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
+        """The points of rows ``pks``, with payloads and vectors (for incremental updates)."""
         ...
 
     def count(self, collection: str) -> int:

@@ -216,11 +216,9 @@ class QdrantClientStore:
         )
         return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in response.points]
 
-    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
-        """Every point of the collection (or of one row), with payloads."""
+    def _scroll(self, collection: str, flt: Any, vectors: bool) -> list[StoreHit]:
         if not self._exists(collection):
             return []
-        flt = None if pk is None else self._row_filter(pk)
         out: list[StoreHit] = []
         offset: Any = None
         while True:
@@ -232,10 +230,32 @@ class QdrantClientStore:
                 limit=1000,
                 offset=offset,
                 with_payload=True,
+                with_vectors=vectors,
             )
-            out.extend(StoreHit(str(r.id), 0.0, r.payload or {}) for r in records)
+            for r in records:
+                vector = None
+                if vectors and r.vector is not None:
+                    raw = r.vector.get("", r.vector) if isinstance(r.vector, dict) else r.vector
+                    vector = np.asarray(raw, dtype=np.float32)
+                out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
             if offset is None:
                 return out
+
+    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
+        """Every point of the collection (or of one row), with payloads."""
+        return self._scroll(collection, None if pk is None else self._row_filter(pk), False)
+
+    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
+        """The points of rows ``pks``, with payloads and vectors."""
+        models = _qc().models
+        out: list[StoreHit] = []
+        for start in range(0, len(pks), 1000):
+            batch = list(pks[start : start + 1000])
+            flt = models.Filter(
+                must=[models.FieldCondition(key="pk", match=models.MatchAny(any=batch))]
+            )
+            out.extend(self._scroll(collection, flt, vectors=True))
+        return out
 
     def count(self, collection: str) -> int:
         """Points in the collection (0 if it does not exist)."""

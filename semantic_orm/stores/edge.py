@@ -248,25 +248,45 @@ class EdgeStore:
             found = opened.shard.query(request)
         return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in found]
 
-    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
-        """Every point of the collection (or of one row), with payloads."""
+    def _scroll(self, collection: str, flt: Any, vectors: bool) -> list[StoreHit]:
         qe = _qe()
         opened = self._open(collection)
         if opened is None:
             return []
-        flt = None
-        if pk is not None:
-            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchValue(pk))])
         out: list[StoreHit] = []
         offset: Any = None
         while True:
+            request = qe.ScrollRequest(
+                offset=offset, limit=1000, filter=flt, with_payload=True, with_vector=vectors
+            )
             with opened.lock:
-                records, offset = opened.shard.scroll(
-                    qe.ScrollRequest(offset=offset, limit=1000, filter=flt, with_payload=True)
-                )
-            out.extend(StoreHit(str(r.id), 0.0, r.payload or {}) for r in records)
+                records, offset = opened.shard.scroll(request)
+            for r in records:
+                vector = None
+                if vectors and r.vector is not None:
+                    raw = r.vector.get("", r.vector) if isinstance(r.vector, dict) else r.vector
+                    vector = np.asarray(raw, dtype=np.float32)
+                out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
             if offset is None:
                 return out
+
+    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
+        """Every point of the collection (or of one row), with payloads."""
+        qe = _qe()
+        flt = None
+        if pk is not None:
+            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchValue(pk))])
+        return self._scroll(collection, flt, vectors=False)
+
+    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
+        """The points of rows ``pks``, with payloads and vectors."""
+        qe = _qe()
+        out: list[StoreHit] = []
+        for start in range(0, len(pks), 1000):
+            batch = list(pks[start : start + 1000])
+            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchAny(batch))])
+            out.extend(self._scroll(collection, flt, vectors=True))
+        return out
 
     def count(self, collection: str) -> int:
         """Points in the collection (0 if it does not exist)."""

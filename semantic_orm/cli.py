@@ -1,0 +1,123 @@
+"""The ``semantic-orm`` command: worker, reindex, status and requeue.
+
+Each command names the application's index as ``module:attribute``; importing that module must
+define the models and the :class:`~semantic_orm.index.SemanticIndex`, installed on a
+``sessionmaker`` bound to the engine (or pass ``--db URL``)::
+
+    semantic-orm worker myapp.search:index
+    semantic-orm reindex myapp.search:index myapp.models:Article [--all]
+    semantic-orm status myapp.search:index [--json]
+    semantic-orm requeue myapp.search:index
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, create_engine
+
+from . import outbox
+from .exc import ConfigurationError
+from .index import SemanticIndex
+from .maintenance import reindex, status
+from .worker import Worker
+
+__all__ = ["main"]
+
+
+def _load(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"expected module:attribute, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _index(spec: str) -> SemanticIndex:
+    found = _load(spec)
+    if not isinstance(found, SemanticIndex):
+        raise ConfigurationError(f"{spec} is a {type(found).__name__}, not a SemanticIndex")
+    return found
+
+
+def _engine(index: SemanticIndex, url: str | None) -> Engine:
+    return create_engine(url) if url else index._engine(None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``semantic-orm`` command."""
+    parser = argparse.ArgumentParser(prog="semantic-orm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("worker", "drain the outbox"),
+        ("reindex", "embed rows that have no vectors"),
+        ("status", "show index lag per column"),
+        ("requeue", "retry dead-lettered jobs"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("index", help="module:attribute of the SemanticIndex")
+        cmd.add_argument("--db", help="database URL (default: the index's installed engine)")
+        if name == "worker":
+            cmd.add_argument("--once", action="store_true", help="stop when no job is due")
+            cmd.add_argument("--batch", type=int, default=256)
+            cmd.add_argument("--poll", type=float, default=1.0)
+        if name == "reindex":
+            cmd.add_argument("model", help="module:Class of the model")
+            cmd.add_argument("--all", action="store_true", help="re-queue every row")
+            cmd.add_argument("--batch", type=int, default=500)
+        if name == "status":
+            cmd.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        index = _index(args.index)
+        engine = _engine(index, args.db)
+        if args.command == "worker":
+            worker = Worker(index, engine, batch_size=args.batch, poll_interval=args.poll)
+            try:
+                worker.run(stop_when_idle=args.once)
+            except KeyboardInterrupt:
+                pass
+            print(f"semantic-orm worker: {worker.processed} jobs done", file=sys.stderr)
+        elif args.command == "reindex":
+            model = _load(args.model)
+            n = reindex(
+                index, model, engine, all_rows=args.all, batch_size=args.batch, progress=True
+            )
+            print(f"queued and processed {n} rows of {model.__name__}")
+        elif args.command == "status":
+            rows = [s.as_dict() for s in status(index, engine)]
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                print(
+                    f"{'column':30} {'rows':>8} {'indexed':>8} {'pending':>8} {'dead':>6} "
+                    f"{'oldest pending':>15}"
+                )
+                for r in rows:
+                    age = r["oldest_pending_age_s"]
+                    print(
+                        f"{r['column']:30} {r['rows']:>8} {r['indexed_rows']:>8} "
+                        f"{r['pending_jobs']:>8} {r['dead_jobs']:>6} "
+                        f"{'-' if age is None else f'{age:.0f} s':>15}"
+                    )
+        elif args.command == "requeue":
+            with engine.begin() as conn:
+                n = outbox.requeue_dead(conn)
+            print(f"requeued {n} dead-lettered jobs")
+    except ConfigurationError as exc:
+        print(f"semantic-orm: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from .chunking import tokenizer_spans
 from .exc import EmbeddingError, MissingDependencyError
 
 __all__ = [
@@ -97,6 +98,7 @@ class SentenceTransformerEmbedder:
         self.batch_size = batch_size
         self._model_kwargs = dict(model_kwargs or {})
         self._model: Any = None
+        self._spans: Any = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -163,6 +165,21 @@ class SentenceTransformerEmbedder:
         except Exception as exc:
             raise EmbeddingError(f"model {self._name!r} failed to encode: {exc}") from exc
         return np.asarray(vectors, dtype=np.float32)
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Character ``(start, end)`` of each token of ``text``, special tokens excluded.
+
+        Used to split chunks that overflow the model's window at exact token boundaries.
+        """
+        if self._spans is None:
+            self._spans = tokenizer_spans(self.model.tokenizer)
+        spans: list[tuple[int, int]] = self._spans(text)
+        return spans
+
+    @property
+    def special_tokens(self) -> int:
+        """Tokens the model adds to every text (``[CLS]`` and ``[SEP]`` for BERT models)."""
+        return len(self.model.tokenizer("", add_special_tokens=True)["input_ids"])
 
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Tokens each text takes, special tokens included, without truncation."""

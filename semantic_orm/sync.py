@@ -47,7 +47,7 @@ from sqlalchemy.orm import (
 )
 
 from . import outbox, signals
-from .chunking import Chunk
+from .chunking import Chunk, fit_to_window
 from .column import check_semantic_value
 from .exc import (
     ChunkTooLongWarning,
@@ -483,8 +483,16 @@ class Syncer:
         config = self.index.fingerprint(column)
 
         rows: list[tuple[str, list[Chunk]]] = []
+        spans = getattr(embedder, "token_spans", None)
+        window = embedder.max_seq_length
         for op in ops:
             chunks = chunker.chunk(op.text) if op.text else []
+            if chunks and spans is not None and window:
+                budget = window - int(getattr(embedder, "special_tokens", 0))
+                fitted = fit_to_window(chunks, op.text or "", spans, budget)
+                if len(fitted) > len(chunks):
+                    self._warn_split(column, chunks, spans, budget, len(fitted) - len(chunks))
+                chunks = fitted
             rows.append((op.pk, chunks))
             if chunks and signals.chunked.receivers:
                 signals.chunked.send(model, column=column.key, pk=op.pk, chunks=chunks)
@@ -567,11 +575,41 @@ class Syncer:
                 points=len(ready),
             )
 
-    def _check_window(self, column: SemanticColumn, texts: Sequence[str]) -> None:
-        """Warn once per column when chunks exceed the model's window (silent truncation)."""
+    def _warn_split(
+        self,
+        column: SemanticColumn,
+        chunks: Sequence[Chunk],
+        spans: Callable[[str], list[tuple[int, int]]],
+        budget: int,
+        extra: int,
+    ) -> None:
+        """Warn once per column that its chunks overflow the model window (and were split)."""
         if column.label in self._warned:
             return
+        self._warned.add(column.label)
         embedder = self.index.embedder_for(column)
+        longest = max(len(spans(c.text)) for c in chunks)
+        size = column.settings.chunk_size
+        warnings.warn(
+            ChunkTooLongWarning(
+                f"{column.label}: chunk_size={size} characters gives chunks of up to {longest} "
+                f"tokens, but model {embedder.name!r} reads at most {embedder.max_seq_length} "
+                f"tokens per chunk (max_seq_length). Those chunks are split further at token "
+                f"boundaries ({extra} more chunks here) so that no text is silently truncated; "
+                f"a chunk_size of about {max(1, size * budget // longest)} characters would "
+                "avoid the second split."
+            ),
+            stacklevel=3,
+        )
+
+    def _check_window(self, column: SemanticColumn, texts: Sequence[str]) -> None:
+        """Warn once per column when chunks exceed the model's window (silent truncation).
+
+        Only for embedders that cannot report token offsets; the others split such chunks.
+        """
+        embedder = self.index.embedder_for(column)
+        if column.label in self._warned or getattr(embedder, "token_spans", None):
+            return
         limit = embedder.max_seq_length
         if not limit:
             return

@@ -76,6 +76,15 @@ class HashEmbedder:
                 out[row] /= norm
         return out
 
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Each word is a token."""
+        return [m.span() for m in _WORD.finditer(text)]
+
+    @property
+    def special_tokens(self) -> int:
+        """No special tokens."""
+        return 0
+
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Words per text."""
         return [len(_WORD.findall(t)) for t in texts]

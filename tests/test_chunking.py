@@ -1,4 +1,8 @@
-"""Tests for semantic_orm.chunking: exact offsets, grapheme-safe cuts, separator priority."""
+"""Tests for semantic_orm.chunking: exact offsets, grapheme-safe cuts, separator priority.
+
+The invariant checker and the text strategies defined here are shared by the other
+``test_chunking_*`` modules, and the property tests at the top run for every strategy.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,17 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from semantic_orm import chunking
 from semantic_orm.chunking import (
     Chunk,
     Chunker,
+    HybridChunker,
     RecursiveChunker,
+    SentenceChunker,
+    _core,
     available_chunkers,
     get_chunker,
     register_chunker,
+    registry,
 )
 
 _GRAPHEME = regex.compile(r"\X")
@@ -116,6 +123,33 @@ _TOKENS = [
     "\u3000",
     "\xa0",
     "\u2029",
+    "\u2028",
+    # structure and sentence-rule triggers for the sentence/hybrid strategies
+    "# Title\n",
+    "\n## Sub\n\n",
+    "第一回　开头\n",
+    "\u3000\u3000第二回 标题\n",
+    "Chapter One\n",
+    "CHAPTER 2\n",
+    "M. ",
+    "Dr. ",
+    "e.g. ",
+    "J. K. ",
+    "p. ex. ",
+    "etc. ",
+    "3.14",
+    "。」",
+    "”",
+    "！）",
+    "话说",
+    "…",
+    "? » ",
+    "「はい。」と",
+    # bare joiners: they attach to whatever token precedes them (e.g. "。" + U+0301)
+    "\u0301",
+    "\u200d",
+    "\ufe0f",
+    "\U0001f3fd",
 ]
 
 
@@ -143,11 +177,64 @@ def small_sizes(draw: st.DrawFn) -> tuple[int, int]:
 _PROPERTY_SETTINGS = settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+# Per strategy (x5 strategies).
+_PROPERTY_SETTINGS_ALL = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+)
 
 
 # ------------------------------------------------------------------------------------------
 # Property tests
 # ------------------------------------------------------------------------------------------
+
+
+def _heading_predicate(line: str) -> bool:
+    return line.lstrip().startswith(("#", "第", "Chapter"))
+
+
+#: Every strategy and setting variant; each must satisfy the same invariants.
+STRATEGIES: dict[str, Any] = {
+    "recursive": RecursiveChunker,
+    "sentence": SentenceChunker,
+    "hybrid": HybridChunker,
+    "hybrid-no-merge": lambda size, overlap: HybridChunker(size, overlap, merge_short=False),
+    "hybrid-callable-heading": lambda size, overlap: HybridChunker(
+        size, overlap, heading=_heading_predicate
+    ),
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@_PROPERTY_SETTINGS_ALL
+@given(text=st.text(max_size=300) | mixed_text(), cfg=sizes() | small_sizes())
+def test_every_strategy_invariants(strategy: str, text: str, cfg: tuple[int, int]) -> None:
+    chunker = STRATEGIES[strategy](*cfg)
+    chunks = chunker.chunk(text)
+    assert_invariants(text, chunks, *cfg)
+    assert chunker.chunk(text) == chunks  # deterministic
+    assert [c.metadata for c in chunker.chunk(text)] == [c.metadata for c in chunks]
+
+
+_EMOJI = ["👩\u200d👧", "🇫🇷"]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@_PROPERTY_SETTINGS_ALL
+@given(
+    text=st.lists(
+        st.sampled_from(
+            ["Mot.", "mot", "是。", "好！」", " ", "\n", "\n\n", "\r\n", "e\u0301", *_EMOJI]
+        ),
+        max_size=150,
+    ).map("".join),
+    cfg=small_sizes(),
+)
+def test_every_strategy_many_chunks(strategy: str, text: str, cfg: tuple[int, int]) -> None:
+    """Small sizes over sentence-rich text: many cuts, many overlaps."""
+    chunks = STRATEGIES[strategy](*cfg).chunk(text)
+    assert_invariants(text, chunks, *cfg)
 
 
 @_PROPERTY_SETTINGS
@@ -256,10 +343,10 @@ def test_blank_text_gives_no_chunks(text: str) -> None:
 
 def test_whitespace_class_matches_str_isspace() -> None:
     expected = {ch for ch in map(chr, range(0x110000)) if ch.isspace()}
-    assert set(chunking._WS_CHARS) == expected
-    assert chunking._NON_WS.search(chunking._WS_CHARS) is None
+    assert set(_core._WS_CHARS) == expected
+    assert _core._NON_WS.search(_core._WS_CHARS) is None
     everything = "".join(map(chr, range(0x110000)))
-    assert len(chunking._NON_WS.findall(everything)) == 0x110000 - len(expected)
+    assert len(_core._NON_WS.findall(everything)) == 0x110000 - len(expected)
 
 
 # ------------------------------------------------------------------------------------------
@@ -465,14 +552,14 @@ def test_large_document_invariants() -> None:
 def test_work_scales_linearly(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """4x the input must cost ~4x the chunks and ~4x the separator searches."""
     calls = 0
-    original = chunking._Level.last_cut
+    original = _core._Level.last_cut
 
     def counting(self: Any, *args: Any) -> Any:
         nonlocal calls
         calls += 1
         return original(self, *args)
 
-    monkeypatch.setattr(chunking._Level, "last_cut", counting)
+    monkeypatch.setattr(_core._Level, "last_cut", counting)
     results = []
     for size in (250_000, 1_000_000):
         calls = 0
@@ -531,7 +618,7 @@ class _SentenceChunker:
 
 
 def test_register_chunker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunking, "_REGISTRY", dict(chunking._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_chunker("whole", _SentenceChunker)
     assert "whole" in available_chunkers()
     chunker = get_chunker("whole", chunk_size=7, overlap=1)

@@ -146,3 +146,32 @@ def test_switching_models_on_an_existing_collection_is_refused(
         with pytest.raises(CollectionMismatchError):
             Article.semantic_search(s, "bread")
     other.uninstall(factory)
+
+
+def test_overlong_chunks_are_split_at_token_boundaries_not_truncated(
+    engine: Any, store: Any, minilm: SentenceTransformerEmbedder
+) -> None:
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=minilm)
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    text = " ".join(["The committee reviewed the annual budget report in detail."] * 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChunkTooLongWarning)
+        with factory() as s:
+            row = Wide(body=text)
+            s.add(row)
+            s.commit()
+            pk = row.id
+    payloads = sorted(
+        (dict(p.payload) for p in store.points("wide__body")), key=lambda p: p["chunk_index"]
+    )
+    assert len(payloads) > 1  # 3,000 characters do not fit 254 tokens
+    covered = 0
+    for p in payloads:
+        piece = text[p["start_offset"] : p["end_offset"]]
+        assert len(minilm.token_spans(piece)) <= 254
+        assert p["pk"] == str(pk) and p["total_chunks"] == len(payloads)
+        covered = max(covered, p["end_offset"])
+    assert covered == len(text)  # nothing past the window was dropped
+    idx.uninstall(factory)

@@ -1,54 +1,12 @@
-"""Split text into overlapping, offset-exact chunks ready for embedding.
+"""Shared building blocks of every chunker: the :class:`Chunk` type, the protocols, and the
+grapheme/whitespace helpers that make cuts safe.
 
-What a chunk is
----------------
-Embedding models accept a bounded amount of text, and retrieval works best when each vector
-describes one coherent passage. A :class:`Chunk` is such a passage: a contiguous slice of the
-original document plus its position (``index`` out of ``total_chunks``) and its character
-offsets.
-
-The offset guarantee
---------------------
-Offsets count Unicode code points, i.e. they are ordinary Python ``str`` indices into the
-*original*, unmodified text, and for every chunk::
-
-    original[chunk.start_offset:chunk.end_offset] == chunk.text
-
-Chunkers never edit text: trimming whitespace, snapping to character boundaries and adding
-overlap are all done by moving offsets. This lets callers highlight a hit in the source
-document, or re-derive a chunk's text from the stored document, with no fuzzy searching.
-
-Every offset also falls on an *extended grapheme cluster* boundary (what a reader perceives as
-one character): a chunk never separates ``e`` from a following combining accent, never cuts a
-ZWJ emoji sequence such as ``👩\u200d👩\u200d👧``, a flag (regional-indicator pair), an emoji
-with its skin-tone modifier or variation selector, or a ``\\r\\n`` pair. The one exception is a
-single grapheme cluster longer than ``chunk_size`` (for example a base letter followed by
-thousands of combining marks): since no boundary exists inside it, it is hard-cut so that the
-size limit still holds.
-
-How the recursive splitter works
---------------------------------
-:class:`RecursiveChunker` behaves like LangChain's ``RecursiveCharacterTextSplitter``: it
-prefers to cut at paragraph breaks, then line breaks, then sentence ends (``. ``, ``! ``,
-``? `` and the CJK terminators ``。！？；``, which need no following space), then whitespace
-between words, and only as a last resort at an arbitrary grapheme boundary. Instead of
-recursively splitting strings and re-finding the pieces afterwards, it walks the document once
-with a cursor:
-
-1. The chunk starts at ``start`` and may extend to ``limit = start + chunk_size``.
-2. For each separator level, most preferred first, it searches *backwards* from ``limit`` for
-   the last occurrence inside the window. The first level with a hit decides the cut, so a
-   chunk packs as many whole pieces of that level as fit (greedy packing).
-3. Trailing whitespace is excluded by moving the end offset back, and the end is snapped back
-   to a grapheme boundary.
-4. The next chunk starts at most ``overlap`` characters before that end, at the earliest
-   paragraph, line, sentence or word start found in that region (leading whitespace skipped),
-   or exactly at the end when no such boundary exists. A chunk that had to be hard-cut may get
-   a hard-cut overlap start too.
-
-Each step only looks at a window of about ``chunk_size`` characters around the cursor, so
-chunking is linear in the length of the document, even for megabytes of text without a single
-newline or space.
+Every helper here is *local*: it inspects at most one grapheme cluster or one run of
+whitespace around the position it is given, never the whole document. That is what keeps the
+chunkers linear in the size of the input. The separator :class:`_Level` objects search only a
+bounded window (``chunk_size`` plus a small look-ahead) and first check with ``str.find``
+whether a match is possible at all, because a regex scan of a window that cannot match is the
+most common wasted work on real text.
 """
 
 from __future__ import annotations
@@ -58,16 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import regex
-
-__all__ = [
-    "Chunk",
-    "Chunker",
-    "ChunkerFactory",
-    "RecursiveChunker",
-    "available_chunkers",
-    "get_chunker",
-    "register_chunker",
-]
 
 # Exactly the characters for which ``str.isspace()`` is true (checked by the test-suite).
 _WS_CHARS = (
@@ -228,6 +176,30 @@ def _first_boundary_after(text: str, anchor: int, j: int, endpos: int) -> int:
     return anchor + int(m.end())
 
 
+# Characters that may join the *following* character into one cluster (CR, Prepend, ZWJ,
+# regional indicators, Hangul jamo/syllables, and Extend for the Indic conjunct rule) and
+# characters that may join the *preceding* one (Extend, ZWJ, SpacingMark, regional
+# indicators, Hangul). Between two characters in neither class a boundary is certain (CR x LF
+# is caught by CR being in the first class).
+_JOINS_NEXT = regex.compile(
+    r"[\r\p{GCB=Prepend}\p{GCB=ZWJ}\p{GCB=Regional_Indicator}\p{GCB=L}\p{GCB=V}\p{GCB=T}"
+    r"\p{GCB=LV}\p{GCB=LVT}\p{GCB=Extend}]"
+)
+_JOINS_PREV = regex.compile(
+    r"[\p{GCB=Extend}\p{GCB=ZWJ}\p{GCB=SpacingMark}\p{GCB=Regional_Indicator}\p{GCB=L}"
+    r"\p{GCB=V}\p{GCB=T}\p{GCB=LV}\p{GCB=LVT}]"
+)
+_JOINS_NEXT_CACHE: dict[str, bool] = {}
+_JOINS_PREV_CACHE: dict[str, bool] = {}
+
+
+def _joins(ch: str, pattern: regex.Pattern[str], cache: dict[str, bool]) -> bool:
+    hit = cache.get(ch)
+    if hit is None:
+        hit = cache[ch] = pattern.match(ch) is not None
+    return hit
+
+
 def _is_boundary(text: str, i: int, anchor: int) -> bool:
     """Return whether index ``i`` is a grapheme boundary (``anchor <= i`` is a known one)."""
     if i <= anchor or i >= len(text):
@@ -236,6 +208,10 @@ def _is_boundary(text: str, i: int, anchor: int) -> bool:
     if a < "\x80" and b < "\x80":
         # Between two ASCII characters the only rule that forbids a break is CR x LF.
         return not (a == "\r" and b == "\n")
+    if not _joins(a, _JOINS_NEXT, _JOINS_NEXT_CACHE) and not _joins(
+        b, _JOINS_PREV, _JOINS_PREV_CACHE
+    ):
+        return True  # e.g. between two ideographs: no rule can join them
     return _first_boundary_after(text, anchor, i - 1, i + 1) == i
 
 
@@ -444,265 +420,3 @@ def _check_sizes(chunk_size: int, overlap: int) -> None:
         raise ValueError(f"overlap must be >= 0, got {overlap}")
     if overlap >= chunk_size:
         raise ValueError(f"overlap ({overlap}) must be smaller than chunk_size ({chunk_size})")
-
-
-class RecursiveChunker:
-    """Separator-aware chunker with exact offsets, grapheme-safe cuts and linear running time.
-
-    Cuts prefer paragraph breaks, then line breaks, then sentence ends, then whitespace, and
-    fall back to a grapheme-boundary hard cut. See the module docstring for the algorithm.
-
-    Args:
-        chunk_size: Maximum chunk length in code points (``len`` of the chunk text).
-        overlap: Maximum number of code points shared by consecutive chunks.
-        separators: Literal separators to try, most preferred first, replacing the default
-            paragraph/line/sentence/word hierarchy. Whitespace-only separators cut before
-            themselves; other separators stay at the end of the chunk they terminate. An
-            empty string (or the end of the list) means "hard cut at a grapheme boundary".
-
-    Raises:
-        ValueError: If ``chunk_size <= 0``, ``overlap < 0`` or ``overlap >= chunk_size``.
-        TypeError: If a setting has the wrong type.
-
-    Example:
-        >>> chunker = RecursiveChunker(chunk_size=12, overlap=0)
-        >>> [c.text for c in chunker.chunk("One two.\\n\\nThree four five.")]
-        ['One two.', 'Three four', 'five.']
-    """
-
-    __slots__ = ("_chunk_size", "_levels", "_overlap", "_separators")
-
-    def __init__(
-        self,
-        chunk_size: int = 1000,
-        overlap: int = 200,
-        separators: Sequence[str] | None = None,
-    ) -> None:
-        _check_sizes(chunk_size, overlap)
-        if isinstance(separators, str):
-            raise TypeError("separators must be a sequence of strings, not a single string")
-        self._chunk_size = chunk_size
-        self._overlap = overlap
-        self._separators: tuple[str, ...] | None = None if separators is None else tuple(separators)
-        self._levels = (
-            _DEFAULT_LEVELS
-            if self._separators is None
-            else _levels_from_separators(self._separators)
-        )
-
-    @property
-    def chunk_size(self) -> int:
-        """Maximum chunk length, in code points."""
-        return self._chunk_size
-
-    @property
-    def overlap(self) -> int:
-        """Maximum number of code points shared by two consecutive chunks."""
-        return self._overlap
-
-    @property
-    def separators(self) -> tuple[str, ...] | None:
-        """Custom separators, or ``None`` for the default hierarchy."""
-        return self._separators
-
-    def __repr__(self) -> str:
-        extra = "" if self._separators is None else f", separators={list(self._separators)!r}"
-        return f"RecursiveChunker(chunk_size={self._chunk_size}, overlap={self._overlap}{extra})"
-
-    def config(self) -> dict[str, Any]:
-        """Describe the settings, e.g. to record what produced stored vectors.
-
-        Returns:
-            ``{"strategy": "recursive", "chunk_size": ..., "overlap": ...}``, plus
-            ``"separators"`` (a list) when custom separators were given.
-        """
-        cfg: dict[str, Any] = {
-            "strategy": "recursive",
-            "chunk_size": self._chunk_size,
-            "overlap": self._overlap,
-        }
-        if self._separators is not None:
-            cfg["separators"] = list(self._separators)
-        return cfg
-
-    def chunk(self, text: str) -> list[Chunk]:
-        """Split ``text`` into chunks of at most ``chunk_size`` code points.
-
-        Args:
-            text: The document to split.
-
-        Returns:
-            Chunks in document order with exact offsets; ``[]`` for empty or
-            whitespace-only text. Starts and ends are strictly increasing, every
-            non-whitespace character is in at least one chunk, and consecutive chunks share
-            at most ``overlap`` code points.
-
-        Raises:
-            TypeError: If ``text`` is not a ``str``.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        spans = self._spans(text)
-        total = len(spans)
-        return [
-            Chunk(text=text[s:e], index=i, start_offset=s, end_offset=e, total_chunks=total)
-            for i, (s, e) in enumerate(spans)
-        ]
-
-    # -- internals ------------------------------------------------------------------------
-
-    def _spans(self, text: str) -> list[tuple[int, int]]:
-        n = len(text)
-        size = self._chunk_size
-        spans: list[tuple[int, int]] = []
-        prev_start, prev_end, prev_hard = -1, 0, False
-        while True:
-            # First character the next chunk must cover, and the smallest end that covers it.
-            first = _skip_ws(text, prev_end, n)
-            if first >= n:
-                break
-            # (bounded: anything past first + size cannot fit in a chunk anyway)
-            min_end = _first_boundary_after(text, prev_end, first, min(n, first + size + 1))
-            start = -1
-            if spans and self._overlap:
-                start = self._overlap_start(text, prev_start, prev_end, prev_hard)
-                if start >= 0 and min_end - start > size:
-                    start = -1  # overlapping would leave no room for new text
-            if start < 0:
-                start = _snap_back(text, first, prev_end)
-            limit = min(start + size, n)
-            hard = False
-            if min_end > limit:
-                # A single grapheme cluster longer than chunk_size: cut inside it.
-                end, hard = limit, True
-            elif limit == n:
-                end = self._trim_end(text, n, min_end)
-            else:
-                end, hard = self._find_cut(text, start, min_end, limit)
-            spans.append((start, end))
-            prev_start, prev_end, prev_hard = start, end, hard
-        return spans
-
-    def _find_cut(self, text: str, start: int, min_end: int, limit: int) -> tuple[int, bool]:
-        """Return ``(end, hard)`` for a chunk starting at ``start``; end in [min_end, limit]."""
-        for level in self._levels:
-            if level.forward is None:
-                return self._trim_end(text, _snap_back(text, limit, min_end), min_end), True
-            cut = level.last_cut(text, min_end, limit, start)
-            if cut is not None:
-                return self._trim_end(text, cut, min_end), False
-        raise AssertionError("unreachable: the hierarchy always ends with the char level")
-
-    @staticmethod
-    def _trim_end(text: str, cut: int, min_end: int) -> int:
-        """Move ``cut`` back over trailing whitespace, then onto a grapheme boundary."""
-        end = cut
-        if end > min_end and text[end - 1].isspace():
-            m = _LAST_NON_WS.search(text, min_end, end)
-            end = min_end if m is None else max(min_end, int(m.end()))
-        return _snap_back(text, end, min_end)
-
-    def _overlap_start(self, text: str, prev_start: int, prev_end: int, prev_hard: bool) -> int:
-        """Return where the next chunk starts inside the previous one, or -1 for no overlap."""
-        lo = max(prev_end - self._overlap, prev_start + 1)
-        if lo >= prev_end:
-            return -1
-        for level in self._levels:
-            if level.forward is None:
-                if not prev_hard:
-                    return -1
-                candidate: int | None = lo
-            else:
-                candidate = level.first_start(text, lo, prev_end, prev_start)
-            if candidate is None:
-                continue
-            pos = candidate
-            while pos < prev_end:
-                pos = _skip_ws(text, pos, prev_end)
-                if pos >= prev_end:
-                    break
-                snapped = _snap_forward(text, pos, prev_start, prev_end)
-                if snapped == pos:
-                    return pos
-                pos = snapped
-        return -1
-
-
-# --------------------------------------------------------------------------------------------
-# Registry
-# --------------------------------------------------------------------------------------------
-
-_REGISTRY: dict[str, ChunkerFactory] = {}
-
-
-def register_chunker(name: str, factory: ChunkerFactory, *, replace: bool = False) -> None:
-    """Make a chunking strategy available to :func:`get_chunker` under ``name``.
-
-    Args:
-        name: Strategy name, as stored in ``config()["strategy"]``.
-        factory: Callable accepting ``chunk_size=`` and ``overlap=`` keyword arguments and
-            returning a :class:`Chunker` (a chunker class usually qualifies).
-        replace: Allow replacing an existing registration.
-
-    Raises:
-        ValueError: If ``name`` is empty or already registered and ``replace`` is false.
-        TypeError: If ``factory`` is not callable.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"chunker name must be a non-empty string, got {name!r}")
-    if not callable(factory):
-        raise TypeError(f"factory for chunker {name!r} must be callable")
-    if name in _REGISTRY and not replace:
-        raise ValueError(
-            f"chunker strategy {name!r} is already registered; pass replace=True to override"
-        )
-    _REGISTRY[name] = factory
-
-
-def available_chunkers() -> list[str]:
-    """Return the registered strategy names, sorted.
-
-    Returns:
-        The names accepted by :func:`get_chunker`.
-    """
-    return sorted(_REGISTRY)
-
-
-def get_chunker(
-    strategy: str | Chunker = "recursive",
-    *,
-    chunk_size: int = 1000,
-    overlap: int = 200,
-) -> Chunker:
-    """Resolve a strategy name (or pass through a chunker instance).
-
-    Args:
-        strategy: A registered strategy name, or an object implementing :class:`Chunker`,
-            which is returned unchanged (``chunk_size`` and ``overlap`` are then ignored).
-        chunk_size: Maximum chunk length in code points, for named strategies.
-        overlap: Maximum overlap between consecutive chunks, for named strategies.
-
-    Returns:
-        A chunker.
-
-    Raises:
-        ValueError: If the strategy name is unknown (the message lists the known ones), or
-            the sizes are invalid.
-        TypeError: If ``strategy`` is neither a string nor a chunker, or a factory returns
-            something that is not a chunker.
-    """
-    if isinstance(strategy, str):
-        factory = _REGISTRY.get(strategy)
-        if factory is None:
-            known = ", ".join(repr(name) for name in available_chunkers()) or "none"
-            raise ValueError(f"unknown chunking strategy {strategy!r}; known strategies: {known}")
-        chunker = factory(chunk_size=chunk_size, overlap=overlap)
-        if not isinstance(chunker, Chunker):
-            raise TypeError(f"factory for chunking strategy {strategy!r} did not return a Chunker")
-        return chunker
-    if isinstance(strategy, Chunker):
-        return strategy
-    raise TypeError(f"strategy must be a strategy name or a Chunker, got {type(strategy).__name__}")
-
-
-register_chunker("recursive", RecursiveChunker)

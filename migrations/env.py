@@ -23,6 +23,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from examples.knowledge_base import Base  # noqa: E402
 from migrations.render import compare_type, render_item  # noqa: E402
+from semantic_orm.outbox import metadata as outbox_metadata  # noqa: E402
 
 config = context.config
 
@@ -33,7 +34,8 @@ if os.environ.get("DATABASE_URL"):
     # "%" is the ini interpolation character.
     config.set_main_option("sqlalchemy.url", os.environ["DATABASE_URL"].replace("%", "%%"))
 
-target_metadata = Base.metadata
+# The app's tables and semantic_orm's own (the sync outbox): Alembic compares against both.
+target_metadata = [Base.metadata, outbox_metadata]
 
 
 def configure_options(dialect_name: str) -> dict[str, Any]:

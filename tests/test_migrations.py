@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection, Engine
 
-from semantic_orm import SemanticText
+from semantic_orm import SemanticText, outbox
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -40,7 +40,7 @@ def migration_context(connection: Connection) -> MigrationContext:
     return MigrationContext.configure(
         connection,
         opts={
-            "target_metadata": Base.metadata,
+            "target_metadata": [Base.metadata, outbox.metadata],
             "render_as_batch": connection.dialect.name == "sqlite",
             "render_item": render_item,
             "compare_type": compare_type,
@@ -67,14 +67,16 @@ def test_upgrade_matches_models_and_downgrade(connection: Connection) -> None:
     assert columns["content"]["nullable"] is True
     assert columns["title"]["nullable"] is False
     assert inspector.get_pk_constraint("knowledge_article")["constrained_columns"] == ["id"]
-    assert MigrationContext.configure(connection).get_current_revision() == "0001"
+    assert MigrationContext.configure(connection).get_current_revision() == "0002"
+    assert "semantic_orm_outbox" in inspector.get_table_names()
 
-    diff = compare_metadata(migration_context(connection), Base.metadata)
+    diff = compare_metadata(migration_context(connection), [Base.metadata, outbox.metadata])
     assert diff == []
 
     command.downgrade(cfg, "base")
     connection.commit()
-    assert "knowledge_article" not in sa.inspect(connection).get_table_names()
+    tables = sa.inspect(connection).get_table_names()
+    assert "knowledge_article" not in tables and "semantic_orm_outbox" not in tables
 
 
 def test_render_item_keeps_semantic_text_settings() -> None:

@@ -32,8 +32,9 @@ of chunks over 254 MiniLM content tokens on English (SQuAD), French and Chinese.
 
 The last line is one JSON object: {"en_mb_per_s", "en_vs_langchain", "cjk_mb_per_s",
 "cjk_vs_langchain", "cjk_clean_end", "offset_errors"}; ``cjk_*`` describe the strategy named
-in the table (our best CJK strategy: the highest clean-end share among those at least 10x as
-fast as LangChain, or overall if LangChain is missing), ``offset_errors`` sums all of ours.
+in the table on ``cjk-unwrapped`` (our best CJK strategy: the highest clean-end share among
+those at least 10x as fast as LangChain, or overall if LangChain is missing),
+``offset_errors`` sums all of ours.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import regex
 
 from semantic_orm.chunking import HybridChunker, RecursiveChunker, SentenceChunker
+
+# The CJK figures of the JSON line come from the corpus whose paragraphs are longer than the
+# chunk size, so a splitter must cut inside them: that is where LangChain's default runs at the
+# ~2 MB/s the issue quotes. On ``cjk`` (one short paragraph per line) every splitter only cuts
+# at newlines; the table shows both.
+CJK_HEADLINE = "cjk-unwrapped"
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SQUAD = ROOT.parent / "shared" / "datasets" / "squad-v1.1-dev" / "dev-v1.1.json"
@@ -243,15 +250,19 @@ def main() -> None:
             )
             print(f"speed vs LangChain on {corpus}: {ratios}")
 
-    # Our CJK strategy to report: best clean-end among those >= 10x LangChain.
-    cjk_lc = lc["cjk"]
+    # Our CJK strategy to report: best clean-end among those >= 10x LangChain, on the CJK
+    # corpus whose paragraphs exceed the chunk size (CJK_HEADLINE, see the docstring).
+    cjk_lc = lc[CJK_HEADLINE]
     eligible = [
-        n for n in OURS if cjk_lc is None or rows["cjk", n]["mb_per_s"] >= 10 * cjk_lc["mb_per_s"]
+        n
+        for n in OURS
+        if cjk_lc is None or rows[CJK_HEADLINE, n]["mb_per_s"] >= 10 * cjk_lc["mb_per_s"]
     ] or list(OURS)
     cjk_best = max(
-        eligible, key=lambda n: (rows["cjk", n]["clean_end"], rows["cjk", n]["mb_per_s"])
+        eligible,
+        key=lambda n: (rows[CJK_HEADLINE, n]["clean_end"], rows[CJK_HEADLINE, n]["mb_per_s"]),
     )
-    print(f"reported CJK strategy: ours:{cjk_best}")
+    print(f"reported CJK: ours:{cjk_best} on {CJK_HEADLINE}")
 
     # Token-overflow sweep for the default model.
     if count is not None:
@@ -277,7 +288,7 @@ def main() -> None:
             print(f"{label}: {ratio:.2f} characters per MiniLM token")
 
     en = rows["en", "recursive"]
-    cjk = rows["cjk", cjk_best]
+    cjk = rows[CJK_HEADLINE, cjk_best]
     summary = {
         "en_mb_per_s": round(en["mb_per_s"], 3),
         "en_vs_langchain": round(en["mb_per_s"] / lc["en"]["mb_per_s"], 3) if lc["en"] else None,

@@ -99,7 +99,8 @@ def tokenizer_spans(tokenizer: Any) -> Callable[[str], list[tuple[int, int]]]:
     """
 
     def spans(s: str) -> list[tuple[int, int]]:
-        enc = tokenizer(s, add_special_tokens=False, return_offsets_mapping=True)
+        # verbose=False: counting a long text is the point here, not a reason to warn
+        enc = tokenizer(s, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
 
     return spans

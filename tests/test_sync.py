@@ -338,6 +338,9 @@ def test_store_outage_keeps_the_commit_and_the_job(
         idx.drain(engine, timeout=10)
     assert jobs(engine) == []
     assert len(points_of(idx, art.id)) > 1
+    with factory() as s:
+        (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
+        assert hit.obj.id == art.id
     idx.uninstall(factory)
 
 

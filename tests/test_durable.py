@@ -131,16 +131,22 @@ def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: An
     assert not job["dead"] and job["attempts"] == 0
 
 
-def test_transient_errors_retry_with_backoff_and_never_bury(tables: Engine, store: Any) -> None:
+def one_row_on_a_flaky_store(
+    tables: Engine, store: Any, **settings: Any
+) -> tuple[FlakyStore, SemanticIndex]:
+    """A deferred index on a store that can fail, and one committed row waiting for it."""
     flaky = FlakyStore(store)
-    idx = SemanticIndex(
-        store=flaky, embedder=HashEmbedder(), mode="deferred", max_attempts=2, retry_base=0
-    )
+    idx = SemanticIndex(store=flaky, embedder=HashEmbedder(), mode="deferred", **settings)
     factory = sessionmaker(tables)
     idx.install(factory)
     with factory() as s:
         s.add(Article(title="t", content="rivers"))
         s.commit()
+    return flaky, idx
+
+
+def test_transient_errors_retry_with_backoff_and_never_bury(tables: Engine, store: Any) -> None:
+    flaky, idx = one_row_on_a_flaky_store(tables, store, max_attempts=2, retry_base=0)
     flaky.down = True
     for _ in range(5):
         idx.process(tables)
@@ -152,15 +158,7 @@ def test_transient_errors_retry_with_backoff_and_never_bury(tables: Engine, stor
 
 
 def test_backoff_grows_and_is_capped(tables: Engine, store: Any) -> None:
-    flaky = FlakyStore(store)
-    idx = SemanticIndex(
-        store=flaky, embedder=HashEmbedder(), mode="deferred", retry_base=2, retry_cap=5
-    )
-    factory = sessionmaker(tables)
-    idx.install(factory)
-    with factory() as s:
-        s.add(Article(title="t", content="rivers"))
-        s.commit()
+    flaky, idx = one_row_on_a_flaky_store(tables, store, retry_base=2, retry_cap=5)
     flaky.down = True
     delays = []
     for _ in range(4):

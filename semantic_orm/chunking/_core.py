@@ -409,6 +409,45 @@ def _levels_from_separators(separators: Sequence[str]) -> tuple[_Level, ...]:
 # --------------------------------------------------------------------------------------------
 
 
+def chunks_from_spans(text: str, spans: Sequence[tuple[Any, ...]]) -> list[Chunk]:
+    """Chunks for ``(start, end)`` or ``(start, end, metadata)`` spans of ``text``, numbered."""
+    total = len(spans)
+    out: list[Chunk] = []
+    for i, span in enumerate(spans):
+        start, end = int(span[0]), int(span[1])
+        meta: Mapping[str, Any] = span[2] if len(span) > 2 else {}
+        out.append(
+            Chunk(
+                text=text[start:end],
+                index=i,
+                start_offset=start,
+                end_offset=end,
+                total_chunks=total,
+                metadata=dict(meta),
+            )
+        )
+    return out
+
+
+class _SizedChunker:
+    """Validated ``chunk_size``/``overlap`` shared by the built-in chunkers."""
+
+    def __init__(self, chunk_size: int, overlap: int) -> None:
+        _check_sizes(chunk_size, overlap)
+        self._chunk_size = chunk_size
+        self._overlap = overlap
+
+    @property
+    def chunk_size(self) -> int:
+        """Maximum chunk length, in code points."""
+        return self._chunk_size
+
+    @property
+    def overlap(self) -> int:
+        """Maximum number of code points shared by two consecutive chunks."""
+        return self._overlap
+
+
 def _check_sizes(chunk_size: int, overlap: int) -> None:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")

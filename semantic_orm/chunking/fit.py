@@ -71,6 +71,7 @@ from ._core import (
     _first_boundary_after,
     _skip_ws,
     _snap_back,
+    chunks_from_spans,
 )
 from .recursive import RecursiveChunker
 
@@ -147,18 +148,7 @@ def fit_to_window(
             continue
         for s, e in _split(text, c.start_offset, c.end_offset, spans, token_spans, max_tokens):
             pieces.append((s, e, c.metadata))
-    total = len(pieces)
-    return [
-        Chunk(
-            text=text[s:e],
-            index=i,
-            start_offset=s,
-            end_offset=e,
-            total_chunks=total,
-            metadata=dict(meta),
-        )
-        for i, (s, e, meta) in enumerate(pieces)
-    ]
+    return chunks_from_spans(text, pieces)
 
 
 def _split(

@@ -51,7 +51,14 @@ from typing import Any, TypeAlias
 
 import regex
 
-from ._core import _LAST_NON_WS, Chunk, _check_sizes, _skip_ws, _snap_back
+from ._core import (
+    _LAST_NON_WS,
+    Chunk,
+    _SizedChunker,
+    _skip_ws,
+    _snap_back,
+    chunks_from_spans,
+)
 from .recursive import RecursiveChunker
 from .sentence import _CJK_CHAR, _pack, _trimmed_spans, sentence_spans
 
@@ -90,7 +97,7 @@ def _compile(pattern: str | Pattern, flags: int = 0) -> Pattern:
     raise TypeError(f"expected a regex string or compiled pattern, got {type(pattern).__name__}")
 
 
-class HybridChunker:
+class HybridChunker(_SizedChunker):
     """Chunker that follows document structure: sections, paragraphs, then sentence windows.
 
     See the module docstring for the algorithm and the metadata each chunk carries.
@@ -135,11 +142,9 @@ class HybridChunker:
         clean: str | Pattern | Sequence[str | Pattern] | None = None,
         merge_short: bool = True,
     ) -> None:
-        _check_sizes(chunk_size, overlap)
+        super().__init__(chunk_size, overlap)
         if not isinstance(merge_short, bool):
             raise TypeError(f"merge_short must be a bool, got {type(merge_short).__name__}")
-        self._chunk_size = chunk_size
-        self._overlap = overlap
         self._merge_short = merge_short
         self._fallback = RecursiveChunker(chunk_size, overlap)
         self._heading_rule: HeadingRule = DEFAULT_HEADING_PATTERN if heading is None else heading
@@ -157,16 +162,6 @@ class HybridChunker:
         else:
             patterns = tuple(clean)
         self._clean: tuple[Pattern, ...] = tuple(_compile(p) for p in patterns)
-
-    @property
-    def chunk_size(self) -> int:
-        """Maximum chunk length, in code points."""
-        return self._chunk_size
-
-    @property
-    def overlap(self) -> int:
-        """Maximum number of code points shared by two consecutive chunks."""
-        return self._overlap
 
     def __repr__(self) -> str:
         return (
@@ -257,18 +252,7 @@ class HybridChunker:
             section_index += 1
         if self._clean:
             records = self._apply_clean(text, records)
-        total = len(records)
-        return [
-            Chunk(
-                text=text[s:e],
-                index=i,
-                start_offset=s,
-                end_offset=e,
-                total_chunks=total,
-                metadata=meta,
-            )
-            for i, (s, e, meta) in enumerate(records)
-        ]
+        return chunks_from_spans(text, records)
 
     # -- internals ------------------------------------------------------------------------
 

@@ -34,18 +34,19 @@ from ._core import (
     _DEFAULT_LEVELS,
     _LAST_NON_WS,
     Chunk,
-    _check_sizes,
     _first_boundary_after,
     _levels_from_separators,
+    _SizedChunker,
     _skip_ws,
     _snap_back,
     _snap_forward,
+    chunks_from_spans,
 )
 
 __all__ = ["RecursiveChunker"]
 
 
-class RecursiveChunker:
+class RecursiveChunker(_SizedChunker):
     """Separator-aware chunker with exact offsets, grapheme-safe cuts and linear running time.
 
     Cuts prefer paragraph breaks, then line breaks, then sentence ends, then whitespace, and
@@ -77,27 +78,15 @@ class RecursiveChunker:
         overlap: int = 200,
         separators: Sequence[str] | None = None,
     ) -> None:
-        _check_sizes(chunk_size, overlap)
+        super().__init__(chunk_size, overlap)
         if isinstance(separators, str):
             raise TypeError("separators must be a sequence of strings, not a single string")
-        self._chunk_size = chunk_size
-        self._overlap = overlap
         self._separators: tuple[str, ...] | None = None if separators is None else tuple(separators)
         self._levels = (
             _DEFAULT_LEVELS
             if self._separators is None
             else _levels_from_separators(self._separators)
         )
-
-    @property
-    def chunk_size(self) -> int:
-        """Maximum chunk length, in code points."""
-        return self._chunk_size
-
-    @property
-    def overlap(self) -> int:
-        """Maximum number of code points shared by two consecutive chunks."""
-        return self._overlap
 
     @property
     def separators(self) -> tuple[str, ...] | None:
@@ -142,11 +131,7 @@ class RecursiveChunker:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         spans = self._spans(text)
-        total = len(spans)
-        return [
-            Chunk(text=text[s:e], index=i, start_offset=s, end_offset=e, total_chunks=total)
-            for i, (s, e) in enumerate(spans)
-        ]
+        return chunks_from_spans(text, spans)
 
     # -- internals ------------------------------------------------------------------------
 

@@ -54,11 +54,12 @@ from ._core import (
     _WS,
     Chunk,
     _char_class,
-    _check_sizes,
     _is_boundary,
+    _SizedChunker,
     _skip_ws,
     _snap_back,
     _snap_forward,
+    chunks_from_spans,
 )
 from .recursive import RecursiveChunker
 
@@ -309,7 +310,7 @@ def _pack(
     return out
 
 
-class SentenceChunker:
+class SentenceChunker(_SizedChunker):
     """Chunker that packs whole sentences, with whole-sentence overlap.
 
     Sentence ends follow multilingual rules (Latin punctuation with an abbreviation list, CJK
@@ -337,20 +338,8 @@ class SentenceChunker:
     __slots__ = ("_chunk_size", "_fallback", "_overlap")
 
     def __init__(self, chunk_size: int = 1000, overlap: int = 200) -> None:
-        _check_sizes(chunk_size, overlap)
-        self._chunk_size = chunk_size
-        self._overlap = overlap
+        super().__init__(chunk_size, overlap)
         self._fallback = RecursiveChunker(chunk_size, overlap)
-
-    @property
-    def chunk_size(self) -> int:
-        """Maximum chunk length, in code points."""
-        return self._chunk_size
-
-    @property
-    def overlap(self) -> int:
-        """Maximum number of code points shared by two consecutive chunks."""
-        return self._overlap
 
     def __repr__(self) -> str:
         return f"SentenceChunker(chunk_size={self._chunk_size}, overlap={self._overlap})"
@@ -380,8 +369,4 @@ class SentenceChunker:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         spans = _pack(text, sentence_spans(text), self._chunk_size, self._overlap, self._fallback)
-        total = len(spans)
-        return [
-            Chunk(text=text[s:e], index=i, start_offset=s, end_offset=e, total_chunks=total)
-            for i, (s, e) in enumerate(spans)
-        ]
+        return chunks_from_spans(text, spans)

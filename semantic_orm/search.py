@@ -24,9 +24,8 @@ Three ranking modes (``mode=``):
   codes, names and rare terms that embeddings blur.
 * ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused by reciprocal rank fusion
   inside Qdrant; ``hit.score`` is the fused score ``sum(1 / (60 + rank))`` over the two lists
-  (ranks
-  from 0), comparable only within one query. It measured best on our retrieval benchmark (``bench/retrieval.py``) and
-  finds keyword-only answers that dense search misses.
+  (ranks from 0), comparable only within one query. It finds keyword-only answers (codes, rare
+  names) that dense search misses while keeping dense search's paraphrase matches.
 
 Ranking is deterministic: equal scores are ordered by primary key, then chunk index, so
 ``offset=`` pages through the same order.

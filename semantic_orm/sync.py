@@ -57,8 +57,8 @@ from .exc import (
     SemanticValueError,
     VectorStoreError,
 )
-from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .keywords import KEYWORDS_VERSION
+from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .stores.base import SparseVector, VectorPoint, point_id
 
 if TYPE_CHECKING:
@@ -561,7 +561,7 @@ class Syncer:
                 pid, _, payload, sparse = slots[slot]
                 slots[slot] = (pid, vector, payload, sparse)
             report.embedded += len(texts)
-        ready = [VectorPoint(pid, vector, payload, sparse) for pid, vector, payload, sparse in slots]
+        ready = [VectorPoint(pid, vec, payload, sparse) for pid, vec, payload, sparse in slots]
         if ready:
             store.upsert(collection, ready)
             report.points += len(ready)

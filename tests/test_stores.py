@@ -7,8 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semantic_orm import CollectionMismatchError, ConfigurationError, EdgeStore, QdrantClientStore
-from semantic_orm import keywords
+from semantic_orm import (
+    CollectionMismatchError,
+    ConfigurationError,
+    EdgeStore,
+    QdrantClientStore,
+    keywords,
+)
 from semantic_orm.stores import CollectionSpec, VectorPoint, VectorStore, point_id
 
 SPEC = CollectionSpec(name="doc__body", dimension=4, model="m-4", metadata={"chunker": {"x": 1}})

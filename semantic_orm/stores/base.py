@@ -34,8 +34,8 @@ import numpy.typing as npt
 from ..exc import CollectionMismatchError
 
 __all__ = [
-    "DEFAULT_BATCH_SIZE",
     "COLLECTION_LAYOUT",
+    "DEFAULT_BATCH_SIZE",
     "DENSE_VECTOR",
     "RRF_K",
     "SPARSE_VECTOR",

@@ -8,9 +8,10 @@ one index::
     store = QdrantClientStore(client=my_configured_client)  # any QdrantClient
 
 Each collection has a named cosine vector ``"dense"`` and a named sparse vector ``"bm25"`` with
-Qdrant's IDF modifier; hybrid queries are prefetch + RRF fusion queries. What produced the vectors is recorded in the
-collection's metadata (Qdrant 1.16+); for an older server, a collection without metadata is
-checked on dimension alone. A keyword payload index on ``pk`` keeps per-row deletes fast.
+Qdrant's IDF modifier; hybrid queries are prefetch + RRF fusion queries. What produced the
+vectors is recorded in the collection's metadata (Qdrant 1.16+); for an older server, a
+collection without metadata is checked on dimension and vector layout alone. A keyword payload
+index on ``pk`` keeps per-row deletes fast.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ Ranking is deterministic: equal scores are ordered by primary key, then chunk in
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Self, TypeVar
@@ -236,9 +237,21 @@ def semantic_search(
     return hits
 
 
-def _rank_key(point: StoreHit) -> tuple[float, str, int]:
+def _pk_order(pk: str) -> tuple[int, float, str]:
+    """Sort key of a row key: numeric keys in numeric order, others in text order."""
+    try:
+        value = json.loads(pk)
+    except ValueError:
+        value = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), pk)
+    return (1, 0.0, pk)
+
+
+def _rank_key(point: StoreHit) -> tuple[float, tuple[int, float, str], int]:
     payload = point.payload
-    return (-point.score, str(payload.get("pk", "")), int(payload.get("chunk_index", 0)))
+    pk = str(payload.get("pk", ""))
+    return (-point.score, _pk_order(pk), int(payload.get("chunk_index", 0)))
 
 
 def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:

@@ -198,10 +198,14 @@ def load_gold(path: str | Path) -> list[GoldItem]:
     """Read a JSON-lines gold file (blank lines are skipped).
 
     Raises:
-        ConfigurationError: A line is not valid JSON or not a valid gold item.
+        ConfigurationError: The file cannot be read, or a line is not a valid gold item.
     """
+    try:
+        text = Path(path).read_text("utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read gold file {path}: {exc}") from exc
     items = []
-    for number, line in enumerate(Path(path).read_text("utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -63,14 +63,17 @@ _STOPWORDS = frozenset(
 def _fold(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).lower()
     decomposed = unicodedata.normalize("NFD", text)
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    stripped = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return unicodedata.normalize("NFC", stripped)  # recompose Hangul syllables
 
 
 def _stem(word: str) -> str:
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
-    if len(word) > 3 and word[-1] in "sx" and word[-2] not in "su":
-        return word[:-1]
+    if len(word) > 3 and word[-1] == "s" and word[-2] not in "su":
+        return word[:-1]  # rivers -> river (not: status, class)
+    if len(word) > 3 and word.endswith(("aux", "eux")):
+        return word[:-1]  # bateaux -> bateau, jeux -> jeu
     return word
 
 

@@ -25,7 +25,10 @@ Three ranking modes (``mode=``):
 * ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused by reciprocal rank fusion
   inside Qdrant; ``hit.score`` is the fused score ``sum(1 / (60 + rank))`` over the two lists
   (ranks from 0), comparable only within one query. It finds keyword-only answers (codes, rare
-  names) that dense search misses while keeping dense search's paraphrase matches.
+  names) that dense search misses while keeping dense search's paraphrase matches, and it
+  measured best overall in ``bench/retrieval.py`` (all-MiniLM-L6-v2): SQuAD span Recall@5 0.92
+  against 0.82 dense and 0.92 keyword, SciFact nDCG@10 0.84 against 0.81 dense and 0.77
+  keyword (quick run: 600 questions, 883 abstracts).
 
 Ranking is deterministic: equal scores are ordered by primary key, then chunk index, so
 ``offset=`` pages through the same order.

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import outbox, signals
+from . import evaluation, keywords, outbox, signals
 from .chunking import Chunk, Chunker, RecursiveChunker, get_chunker, register_chunker
 from .column import SemanticText
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
+from .evaluation import EvalReport, evaluate
 from .exc import (
     ChunkTooLongWarning,
     CollectionMismatchError,
@@ -59,6 +60,7 @@ __all__ = [
     "EdgeStore",
     "Embedder",
     "EmbeddingError",
+    "EvalReport",
     "MissingDependencyError",
     "QdrantClientStore",
     "RecursiveChunker",
@@ -76,8 +78,11 @@ __all__ = [
     "VectorStoreError",
     "Worker",
     "__version__",
+    "evaluate",
+    "evaluation",
     "get_chunker",
     "index_for",
+    "keywords",
     "outbox",
     "register_chunker",
     "semantic_search",

@@ -1,4 +1,4 @@
-"""The ``semantic-orm`` command: worker, reindex, status and requeue.
+"""The ``semantic-orm`` command: worker, reindex, status, requeue and eval.
 
 Each command names the application's index as ``module:attribute``; importing that module must
 define the models and the :class:`~semantic_orm.index.SemanticIndex`, installed on a
@@ -8,6 +8,11 @@ define the models and the :class:`~semantic_orm.index.SemanticIndex`, installed 
     semantic-orm reindex myapp.search:index myapp.models:Article [--all]
     semantic-orm status myapp.search:index [--json]
     semantic-orm requeue myapp.search:index
+    semantic-orm eval myapp.search:index myapp.models:Article gold.jsonl --k 5 [--json] [--lenient]
+
+``eval`` searches each gold question (see :mod:`semantic_orm.evaluation` for the file format and
+the metrics) and prints Recall@k by row and by span, MRR@k and nDCG@10, then the failed questions
+with what was retrieved instead; ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session
 
 from . import outbox
+from .evaluation import evaluate, load_gold
 from .exc import ConfigurationError
 from .index import SemanticIndex
 from .maintenance import reindex, status
+from .search import DEFAULT_MODE, SEARCH_MODES
 from .worker import Worker
 
 __all__ = ["main"]
@@ -62,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("reindex", "embed rows that have no vectors"),
         ("status", "show index lag per column"),
         ("requeue", "retry dead-lettered jobs"),
+        ("eval", "measure retrieval quality on a gold set"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("index", help="module:attribute of the SemanticIndex")
@@ -75,6 +84,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd.add_argument("--all", action="store_true", help="re-queue every row")
             cmd.add_argument("--batch", type=int, default=500)
         if name == "status":
+            cmd.add_argument("--json", action="store_true")
+        if name == "eval":
+            cmd.add_argument("model", help="module:Class of the model")
+            cmd.add_argument("gold", help='JSON lines: {"question", "pk", "span": [start, end]}')
+            cmd.add_argument("--k", type=int, default=5, help="cut-off for Recall@k and MRR@k")
+            cmd.add_argument("--mode", choices=SEARCH_MODES, default=DEFAULT_MODE)
+            cmd.add_argument("--column", help="semantic attribute, if the model has several")
+            cmd.add_argument(
+                "--lenient", action="store_true", help="count overlapping or adjacent passages"
+            )
             cmd.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -109,6 +128,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{r['pending_jobs']:>8} {r['dead_jobs']:>6} "
                         f"{'-' if age is None else f'{age:.0f} s':>15}"
                     )
+        elif args.command == "eval":
+            model = _load(args.model)
+            gold = load_gold(args.gold)
+            with Session(engine) as session:
+                report = evaluate(
+                    session,
+                    model,
+                    gold,
+                    k=args.k,
+                    mode=args.mode,
+                    lenient=args.lenient,
+                    column=args.column,
+                    index=index,
+                )
+            print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
         elif args.command == "requeue":
             with engine.begin() as conn:
                 n = outbox.requeue_dead(conn)

@@ -12,13 +12,31 @@ chunks, loads the matching rows with one SQL ``SELECT ... WHERE pk IN (...)`` (p
 
 By default results are grouped by row (``group_by="row"``): a long document's overlapping
 chunks count once, and ``hit.chunks`` lists its best few. ``group_by="chunk"`` returns passages
-instead, one hit per chunk. Rows that are gone from SQL, or that ``where=`` rejects, are
-skipped, and the search asks the store for more candidates until ``limit`` hits are found or the
-collection is exhausted.
+instead, one hit per chunk; a chunk that overlaps a better chunk of the same row by more than half
+its length is skipped, so near-duplicate windows do not fill the top-k. Rows that are gone from
+SQL, or that ``where=`` rejects, are skipped, and the search asks the store for more candidates
+until ``limit`` hits are found or the collection is exhausted.
+
+Three ranking modes (``mode=``):
+
+* ``"dense"``: cosine similarity of embeddings; ``hit.score`` is the cosine. Finds paraphrases.
+* ``"keyword"``: BM25 over the words of each chunk (:mod:`semantic_orm.keywords`); finds exact
+  codes, names and rare terms that embeddings blur.
+* ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused by reciprocal rank fusion
+  inside Qdrant; ``hit.score`` is the fused score ``sum(1 / (60 + rank))`` over the two lists
+  (ranks from 0), comparable only within one query. It finds keyword-only answers (codes, rare
+  names) that dense search misses while keeping dense search's paraphrase matches, and it
+  measured best overall in ``bench/retrieval.py`` (all-MiniLM-L6-v2): SQuAD span Recall@5 0.92
+  against 0.82 dense and 0.92 keyword, SciFact nDCG@10 0.84 against 0.81 dense and 0.77
+  keyword (quick run: 600 questions, 883 abstracts).
+
+Ranking is deterministic: equal scores are ordered by primary key, then chunk index, so
+``offset=`` pages through the same order.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Self, TypeVar
@@ -26,14 +44,25 @@ from typing import Any, Generic, Literal, Self, TypeVar
 from sqlalchemy import ColumnElement, inspect, select
 from sqlalchemy.orm import Mapper, Session
 
-from . import signals
+from . import keywords, signals
 from .chunking import Chunk
 from .exc import ConfigurationError
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
-from .stores.base import StoreHit
+from .stores.base import SearchMode, StoreHit
 
-__all__ = ["ScoredChunk", "SearchHit", "SemanticSearchMixin", "semantic_search"]
+__all__ = [
+    "DEFAULT_MODE",
+    "SEARCH_MODES",
+    "ScoredChunk",
+    "SearchHit",
+    "SemanticSearchMixin",
+    "semantic_search",
+]
+
+DEFAULT_MODE: SearchMode = "hybrid"
+"""The mode ``semantic_search`` uses when none is given (see the module docstring)."""
+SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "keyword")
 
 T = TypeVar("T")
 
@@ -104,8 +133,10 @@ def semantic_search(
     query: str,
     *,
     limit: int = 5,
+    offset: int = 0,
     where: ColumnElement[bool] | None = None,
     group_by: Literal["row", "chunk"] = "row",
+    mode: SearchMode = DEFAULT_MODE,
     column: str | None = None,
     score_threshold: float | None = None,
     chunks_per_row: int = 3,
@@ -118,10 +149,14 @@ def semantic_search(
         model: The mapped class to search.
         query: Natural-language query.
         limit: Hits to return (rows, or chunks with ``group_by="chunk"``).
+        offset: Hits to skip first, for pagination (page ``n`` is ``offset=n * limit``).
         where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"``.
         group_by: ``"row"`` (one hit per row) or ``"chunk"`` (one hit per passage).
+        mode: ``"hybrid"`` (default), ``"dense"`` or ``"keyword"``; see the module docstring.
         column: The semantic attribute to search, if the model has several.
-        score_threshold: Drop chunks scoring below this cosine similarity.
+        score_threshold: Drop chunks whose cosine similarity is below this (in hybrid mode,
+            dense candidates below it are not fused; keyword candidates still are). In keyword
+            mode it bounds the BM25 score.
         chunks_per_row: In row mode, how many of a row's best chunks to keep in ``hit.chunks``.
         index: The index to use, instead of the one installed on the session.
 
@@ -134,6 +169,12 @@ def semantic_search(
     """
     if limit <= 0:
         raise ConfigurationError(f"semantic_search limit must be > 0, got {limit}")
+    if offset < 0:
+        raise ConfigurationError(f"semantic_search offset must be >= 0, got {offset}")
+    if mode not in SEARCH_MODES:
+        raise ConfigurationError(
+            f"semantic_search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}"
+        )
     if group_by not in ("row", "chunk"):
         raise ConfigurationError(
             f"semantic_search group_by must be 'row' or 'chunk', got {group_by!r}"
@@ -151,16 +192,26 @@ def semantic_search(
     started = time.perf_counter()
     idx.ensure_collection(col)  # refuses a collection built by another model, before querying
     collection = idx.collection_name(col)
-    vector = idx.embedder_for(col).encode([query])[0]
+    vector = None if mode == "keyword" else idx.embedder_for(col).encode([query])[0]
+    sparse = None if mode == "dense" else keywords.query_vector(query)
     by_row = group_by == "row"
-    fetch = limit * 4 if by_row else limit * 2
+    want = offset + limit
+    fetch = want * 4 if by_row else want * 3
+
+    def ask(n: int) -> list[StoreHit]:
+        found = idx.store.search(
+            collection, vector, n, sparse=sparse, mode=mode, score_threshold=score_threshold
+        )
+        found.sort(key=_rank_key)  # ties: primary key, then chunk index
+        return found
+
     loaded: dict[str, Any] = {}
     rejected: set[str] = set()
-    wave = limit
-    found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
+    wave = want
+    found = ask(fetch)
     while True:
-        hits, pending = _assemble(found, loaded, rejected, col, limit, by_row, chunks_per_row)
-        if len(hits) >= limit:
+        hits, pending = _assemble(found, loaded, rejected, col, want, by_row, chunks_per_row)
+        if len(hits) >= want:
             break
         if pending:
             # load only the rows the ranking needs next; waves grow if `where=` rejects many
@@ -176,7 +227,8 @@ def semantic_search(
         if len(found) < fetch or fetch >= _MAX_FETCH:
             break  # the collection has no more candidates
         fetch = min(fetch * 4, _MAX_FETCH)
-        found = idx.store.search(collection, vector, fetch, score_threshold=score_threshold)
+        found = ask(fetch)
+    hits = hits[offset:want]
     if signals.searched.receivers:
         signals.searched.send(
             model,
@@ -186,6 +238,35 @@ def semantic_search(
             seconds=time.perf_counter() - started,
         )
     return hits
+
+
+def _pk_order(pk: str) -> tuple[int, float, str]:
+    """Sort key of a row key: numeric keys in numeric order, others in text order."""
+    try:
+        value = json.loads(pk)
+    except ValueError:
+        value = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), pk)
+    return (1, 0.0, pk)
+
+
+def _rank_key(point: StoreHit) -> tuple[float, tuple[int, float, str], int]:
+    payload = point.payload
+    pk = str(payload.get("pk", ""))
+    return (-point.score, _pk_order(pk), int(payload.get("chunk_index", 0)))
+
+
+def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:
+    """Whether ``chunk`` overlaps one of ``chosen`` (same row) by more than half its length."""
+    size = chunk.end_offset - chunk.start_offset
+    for other in chosen:
+        overlap = min(chunk.end_offset, other.end_offset) - max(
+            chunk.start_offset, other.start_offset
+        )
+        if overlap > 0 and 2 * overlap > size:
+            return True
+    return False
 
 
 def _assemble(
@@ -230,9 +311,14 @@ def _assemble(
             obj = loaded[pk]
             hits.append(SearchHit(obj, best[0].score, tuple(best), _text(obj, col)))
     else:
+        chosen: dict[str, list[Chunk]] = {}
         for pk, scored in entries:
             if scored is None or len(hits) >= limit:
                 break
+            mine = chosen.setdefault(pk, [])
+            if _redundant(scored.chunk, mine):
+                continue  # a near-duplicate window of a passage already returned
+            mine.append(scored.chunk)
             obj = loaded[pk]
             hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
     return hits, pending
@@ -269,8 +355,10 @@ class SemanticSearchMixin:
         query: str,
         *,
         limit: int = 5,
+        offset: int = 0,
         where: ColumnElement[bool] | None = None,
         group_by: Literal["row", "chunk"] = "row",
+        mode: SearchMode = DEFAULT_MODE,
         column: str | None = None,
         score_threshold: float | None = None,
         chunks_per_row: int = 3,
@@ -282,8 +370,10 @@ class SemanticSearchMixin:
             cls,
             query,
             limit=limit,
+            offset=offset,
             where=where,
             group_by=group_by,
+            mode=mode,
             column=column,
             score_threshold=score_threshold,
             chunks_per_row=chunks_per_row,

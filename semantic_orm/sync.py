@@ -46,7 +46,7 @@ from sqlalchemy.orm import (
     UOWTransaction,
 )
 
-from . import outbox, signals
+from . import keywords, outbox, signals
 from .chunking import Chunk, fit_to_window
 from .column import check_semantic_value
 from .exc import (
@@ -57,8 +57,9 @@ from .exc import (
     SemanticValueError,
     VectorStoreError,
 )
+from .keywords import KEYWORDS_VERSION
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
-from .stores.base import VectorPoint, point_id
+from .stores.base import SparseVector, VectorPoint, point_id
 
 if TYPE_CHECKING:
     from .index import SemanticIndex
@@ -511,7 +512,9 @@ class Syncer:
             current[(pk, int(stored["chunk_index"]))] = dict(stored)
 
         table = column.table
-        slots: list[tuple[str, Any, dict[str, Any]]] = []  # (id, vector or None, payload)
+        # (id, vector or None, payload, keyword vector): dense vectors are reused when a chunk's
+        # text is unchanged; keyword vectors are cheap, so every written point recomputes its own
+        slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
         to_embed: list[tuple[int, str]] = []
         for pk, chunks in rows:
             for chunk in chunks:
@@ -526,6 +529,7 @@ class Syncer:
                     "total_chunks": chunk.total_chunks,
                     "hash": digest,
                     "cfg": config,
+                    "kw": KEYWORDS_VERSION,
                 }
                 if chunk.metadata:
                     payload["meta"] = dict(chunk.metadata)
@@ -538,7 +542,7 @@ class Syncer:
                     report.reused += 1
                 else:
                     to_embed.append((len(slots), chunk.text))
-                slots.append((pid, vector, payload))
+                slots.append((pid, vector, payload, keywords.document_vector(chunk.text)))
 
         if to_embed:
             texts = [text for _, text in to_embed]
@@ -554,10 +558,10 @@ class Syncer:
                     seconds=time.perf_counter() - started,
                 )
             for (slot, _), vector in zip(to_embed, vectors, strict=True):
-                pid, _, payload = slots[slot]
-                slots[slot] = (pid, vector, payload)
+                pid, _, payload, sparse = slots[slot]
+                slots[slot] = (pid, vector, payload, sparse)
             report.embedded += len(texts)
-        ready = [VectorPoint(pid, vector, payload) for pid, vector, payload in slots]
+        ready = [VectorPoint(pid, vec, payload, sparse) for pid, vec, payload, sparse in slots]
         if ready:
             store.upsert(collection, ready)
             report.points += len(ready)

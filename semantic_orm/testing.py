@@ -20,7 +20,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .exc import VectorStoreError
-from .stores.base import CollectionSpec, StoreHit, VectorPoint, VectorStore
+from .stores.base import (
+    CollectionSpec,
+    SearchMode,
+    SparseVector,
+    StoreHit,
+    VectorPoint,
+    VectorStore,
+)
 
 __all__ = ["FlakyStore", "HashEmbedder"]
 
@@ -119,14 +126,18 @@ class FlakyStore:
     def search(
         self,
         collection: str,
-        vector: npt.NDArray[np.float32],
+        vector: npt.NDArray[np.float32] | None,
         limit: int,
         *,
+        sparse: SparseVector | None = None,
+        mode: SearchMode = "dense",
         score_threshold: float | None = None,
     ) -> list[StoreHit]:
         """Forward unless down."""
         self._check()
-        return self.inner.search(collection, vector, limit, score_threshold=score_threshold)
+        return self.inner.search(
+            collection, vector, limit, sparse=sparse, mode=mode, score_threshold=score_threshold
+        )
 
     def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
         """Forward (reads for assertions work even while down)."""

@@ -365,6 +365,11 @@ def test_editing_one_paragraph_embeds_only_its_chunks(tables: Engine, store: Any
     # the vectors of moved chunks are the ones their text would get
     hit = Article.semantic_search(factory(), "Paragraph 45 topic 45 item 45", limit=1, index=idx)
     assert "Paragraph 45" in hit[0].chunk.text
+    # moved points are rewritten with keyword vectors recomputed from their text
+    kw = Article.semantic_search(
+        factory(), "entirely different", limit=1, group_by="chunk", mode="keyword", index=idx
+    )
+    assert "entirely different" in kw[0].chunk.text
 
 
 def test_changed_chunking_re_embeds_everything(tables: Engine, store: Any) -> None:

@@ -95,10 +95,15 @@ def test_score_threshold_and_module_function(
 ) -> None:
     with Session() as s:
         seed(s)
-        all_hits = semantic_search(s, Article, "company taxes", limit=3)
+        all_hits = semantic_search(s, Article, "company taxes", limit=3, mode="dense")
         best = all_hits[0].score
-        strict = semantic_search(s, Article, "company taxes", limit=3, score_threshold=best - 1e-4)
+        strict = semantic_search(
+            s, Article, "company taxes", limit=3, mode="dense", score_threshold=best - 1e-4
+        )
         assert [h.obj.title for h in strict] == ["taxes"]
+        # hybrid: the threshold bounds the cosine of dense candidates; keyword matches still fuse
+        fused = semantic_search(s, Article, "company taxes", limit=3, score_threshold=0.999)
+        assert [h.obj.title for h in fused] == ["taxes"]
 
 
 def test_choosing_among_several_semantic_columns(Session: sessionmaker[OrmSession]) -> None:

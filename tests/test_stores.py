@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semantic_orm import CollectionMismatchError, ConfigurationError, EdgeStore, QdrantClientStore
+from semantic_orm import (
+    CollectionMismatchError,
+    ConfigurationError,
+    EdgeStore,
+    QdrantClientStore,
+    keywords,
+)
 from semantic_orm.stores import CollectionSpec, VectorPoint, VectorStore, point_id
 
 SPEC = CollectionSpec(name="doc__body", dimension=4, model="m-4", metadata={"chunker": {"x": 1}})
@@ -138,6 +144,7 @@ def test_edge_persists_and_records_metadata(tmp_path: Path) -> None:
         "chunker": {"x": 1},
         "model": "m-4",
         "dimension": 4,
+        "layout": "dense+bm25",
     }
     with pytest.raises(CollectionMismatchError):
         reopened.ensure_collection(CollectionSpec("doc__body", 4, "other"))
@@ -162,3 +169,78 @@ def test_bad_store_settings() -> None:
         QdrantClientStore("http://localhost:6333", location=":memory:")
     with pytest.raises(ConfigurationError, match="collection name"):
         EdgeStore("x").ensure_collection(CollectionSpec("../escape", 4, "m"))
+
+
+def keyword_points(texts: dict[str, str], vectors: dict[str, np.ndarray]) -> list[VectorPoint]:
+    return [
+        VectorPoint(p.id, p.vector, p.payload, keywords.document_vector(texts[pk]))
+        for pk in texts
+        for p in row_points(pk, [vectors[pk]])
+    ]
+
+
+def test_keyword_and_hybrid_search(store: VectorStore) -> None:
+    texts = {
+        "a": "The invoice references part XR-7734 for the pump.",
+        "b": "Pumps move water through pipes.",
+        "c": "Gardens need water in summer.",
+    }
+    vectors = {"a": vec(0, 0, 1, 0), "b": vec(1, 0, 0, 0), "c": vec(0.9, 0.1, 0, 0)}
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, keyword_points(texts, vectors))
+    query = vec(1, 0, 0, 0)  # dense query close to b and c, far from a
+    dense = store.search(SPEC.name, query, 3, mode="dense")
+    assert [h.payload["pk"] for h in dense] == ["b", "c", "a"]
+    code = keywords.query_vector("xr-7734")
+    found = store.search(SPEC.name, None, 3, sparse=code, mode="keyword")
+    assert [h.payload["pk"] for h in found] == ["a"]  # only rows sharing a term come back
+    assert found[0].score > 0
+    sparse = keywords.query_vector("XR-7734 water")
+    hybrid = store.search(SPEC.name, query, 3, sparse=sparse, mode="hybrid")
+    by_pk = {h.payload["pk"]: h.score for h in hybrid}
+    # RRF, k=60, ranks from 0: a is first by keyword, third (rank 2) by cosine
+    assert set(by_pk) == {"a", "b", "c"}
+    assert by_pk["a"] == pytest.approx(1 / 60 + 1 / 62, rel=1e-4)
+    assert by_pk["a"] > by_pk["c"]
+    # hybrid with a cosine threshold: dense candidates below it are not fused
+    strict = store.search(SPEC.name, query, 3, sparse=sparse, mode="hybrid", score_threshold=0.99)
+    strict_scores = {h.payload["pk"]: h.score for h in strict}
+    assert strict_scores["a"] == pytest.approx(1 / 60, rel=1e-4)  # keyword list only
+    # vectors read back for incremental updates are the dense ones
+    (point,) = store.existing(SPEC.name, ["a"])
+    assert point.vector is not None and np.allclose(point.vector, vectors["a"])
+
+
+def test_collection_of_the_old_single_vector_layout_is_refused(tmp_path: Path) -> None:
+    import json
+
+    import qdrant_client
+    import qdrant_edge as qe
+
+    cdir = tmp_path / "v" / SPEC.name
+    cdir.mkdir(parents=True)
+    config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=4, distance=qe.Distance.Cosine))
+    qe.EdgeShard.create(str(cdir / "shard"), config).close()
+    old_meta = {"chunker": {"x": 1}, "model": "m-4", "dimension": 4}
+    (cdir / "semantic_orm.json").write_text(json.dumps(old_meta), "utf-8")
+    edge = EdgeStore(tmp_path / "v")
+    with pytest.raises(CollectionMismatchError, match="older semantic_orm"):
+        edge.ensure_collection(SPEC)
+    edge.close()
+
+    client = QdrantClientStore(location=":memory:")
+    models = qdrant_client.models
+    client.client.create_collection(
+        SPEC.name,
+        vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE),
+        metadata=old_meta,
+    )
+    with pytest.raises(CollectionMismatchError, match="older semantic_orm"):
+        client.ensure_collection(SPEC)
+    client.client.delete_collection(SPEC.name)
+    client.client.create_collection(  # no metadata at all (pre-1.16 server): judged by layout
+        SPEC.name, vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE)
+    )
+    with pytest.raises(CollectionMismatchError, match="older semantic_orm"):
+        client.ensure_collection(SPEC)
+    client.close()

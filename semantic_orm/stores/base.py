@@ -7,10 +7,18 @@ A store keeps one *collection* per semantic column. Each chunk of a row is one *
 * its payload holds ``table``, ``pk`` (the row's key as a string), ``column``, ``chunk_index``,
   ``start_offset``, ``end_offset`` and ``total_chunks``, so a hit says which passage matched.
 
+Each point carries two named vectors: ``"dense"`` (the embedding, cosine) and ``"bm25"`` (a
+sparse keyword vector from :mod:`semantic_orm.keywords`, scored with Qdrant's IDF modifier).
+:meth:`VectorStore.search` ranks by either, or fuses both rankings with reciprocal rank fusion
+(``mode="hybrid"``): Qdrant runs the two searches as *prefetches* and merges them, each point
+scoring ``sum(1 / (k + rank))`` over the lists it appears in (ranks from 0).
+
 Collections record what produced their vectors (model name, dimension, chunker settings, library
 version). Opening a collection whose model or dimension differs from the column's configuration
 raises :class:`~semantic_orm.exc.CollectionMismatchError`: mixing vector spaces gives meaningless
-scores, never an error, so we refuse it up front.
+scores, never an error, so we refuse it up front. A collection written by semantic_orm before
+hybrid search (one unnamed dense vector, no ``layout`` in its metadata) is refused the same way:
+drop it and re-index.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +34,14 @@ import numpy.typing as npt
 from ..exc import CollectionMismatchError
 
 __all__ = [
+    "COLLECTION_LAYOUT",
     "DEFAULT_BATCH_SIZE",
+    "DENSE_VECTOR",
+    "RRF_K",
+    "SPARSE_VECTOR",
     "CollectionSpec",
+    "SearchMode",
+    "SparseVector",
     "StoreHit",
     "VectorPoint",
     "VectorStore",
@@ -36,6 +50,13 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 256
+DENSE_VECTOR = "dense"
+SPARSE_VECTOR = "bm25"
+COLLECTION_LAYOUT = "dense+bm25"
+"""Recorded as ``layout`` in collection metadata; older collections have none."""
+RRF_K = 60
+"""Reciprocal rank fusion constant (the value of the original RRF paper)."""
+SearchMode = Literal["hybrid", "dense", "keyword"]
 _POINT_NAMESPACE = uuid.UUID("6f1c3c9e-6a52-4b7e-9a1d-5e0d3c2b9a41")
 
 
@@ -59,16 +80,33 @@ class CollectionSpec:
 
     def record(self) -> dict[str, Any]:
         """The metadata stored with the collection."""
-        return {**self.metadata, "model": self.model, "dimension": self.dimension}
+        return {
+            **self.metadata,
+            "model": self.model,
+            "dimension": self.dimension,
+            "layout": COLLECTION_LAYOUT,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVector:
+    """A sparse vector: sorted, distinct ``indices`` and their ``values``."""
+
+    indices: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.indices)
 
 
 @dataclass(frozen=True, slots=True)
 class VectorPoint:
-    """One chunk's vector and payload, ready to upsert."""
+    """One chunk's dense vector, optional keyword vector and payload, ready to upsert."""
 
     id: str
     vector: npt.NDArray[np.float32]
     payload: Mapping[str, Any]
+    sparse: SparseVector | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +142,20 @@ class VectorStore(Protocol):
     def search(
         self,
         collection: str,
-        vector: npt.NDArray[np.float32],
+        vector: npt.NDArray[np.float32] | None,
         limit: int,
         *,
+        sparse: SparseVector | None = None,
+        mode: SearchMode = "dense",
         score_threshold: float | None = None,
     ) -> list[StoreHit]:
-        """The ``limit`` points nearest to ``vector`` (cosine), best first."""
+        """The ``limit`` best points, best first.
+
+        ``mode="dense"`` ranks by cosine to ``vector``; ``"keyword"`` by BM25 score against
+        ``sparse``; ``"hybrid"`` fuses both rankings (RRF, scores ``sum(1 / (RRF_K + rank))``).
+        ``score_threshold`` bounds the cosine in dense and hybrid mode (in hybrid mode it filters
+        the dense candidates before fusion) and the BM25 score in keyword mode.
+        """
         ...
 
     def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
@@ -134,7 +180,11 @@ class VectorStore(Protocol):
 
 
 def check_collection_matches(
-    spec: CollectionSpec, found_dimension: int | None, found: Mapping[str, Any] | None
+    spec: CollectionSpec,
+    found_dimension: int | None,
+    found: Mapping[str, Any] | None,
+    *,
+    found_layout: str | None = COLLECTION_LAYOUT,
 ) -> None:
     """Raise if an existing collection's vectors do not match ``spec``.
 
@@ -142,10 +192,22 @@ def check_collection_matches(
         spec: What the column is configured to produce.
         found_dimension: The collection's vector size, as the store reports it.
         found: The metadata recorded when the collection was created (``None`` if absent).
+        found_layout: The collection's vector layout as the store sees it (``None``: the
+            pre-hybrid single unnamed vector).
 
     Raises:
-        CollectionMismatchError: Naming both the stored and the configured model and dimension.
+        CollectionMismatchError: Naming both the stored and the configured model and dimension,
+            or saying the collection predates the dense + keyword layout.
     """
+    if found is not None and "model" in found:
+        found_layout = found.get("layout")
+    if found_layout != COLLECTION_LAYOUT:
+        raise CollectionMismatchError(
+            f"collection {spec.name!r} was created by an older semantic_orm with a single unnamed "
+            f"vector; this version stores named {DENSE_VECTOR!r} and {SPARSE_VECTOR!r} (keyword) "
+            "vectors for hybrid search. Drop the collection and re-index "
+            "(semantic-orm reindex ... --all), or point the column at a new collection."
+        )
     found_model = (found or {}).get("model")
     if found_dimension == spec.dimension and (found_model is None or found_model == spec.model):
         return

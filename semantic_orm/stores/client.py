@@ -7,9 +7,11 @@ one index::
     store = QdrantClientStore(location=":memory:")          # local mode, for tests
     store = QdrantClientStore(client=my_configured_client)  # any QdrantClient
 
-Each collection has one unnamed cosine vector. What produced the vectors is recorded in the
-collection's metadata (Qdrant 1.16+); for an older server, a collection without metadata is
-checked on dimension alone. A keyword payload index on ``pk`` keeps per-row deletes fast.
+Each collection has a named cosine vector ``"dense"`` and a named sparse vector ``"bm25"`` with
+Qdrant's IDF modifier; hybrid queries are prefetch + RRF fusion queries. What produced the
+vectors is recorded in the collection's metadata (Qdrant 1.16+); for an older server, a
+collection without metadata is checked on dimension and vector layout alone. A keyword payload
+index on ``pk`` keeps per-row deletes fast.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ import numpy.typing as npt
 
 from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
 from .base import (
+    COLLECTION_LAYOUT,
     DEFAULT_BATCH_SIZE,
+    DENSE_VECTOR,
+    RRF_K,
+    SPARSE_VECTOR,
     CollectionSpec,
+    SearchMode,
+    SparseVector,
     StoreHit,
     VectorPoint,
     check_collection_matches,
@@ -119,9 +127,14 @@ class QdrantClientStore:
                 "create_collection",
                 self.client.create_collection,
                 spec.name,
-                vectors_config=models.VectorParams(
-                    size=spec.dimension, distance=models.Distance.COSINE
-                ),
+                vectors_config={
+                    DENSE_VECTOR: models.VectorParams(
+                        size=spec.dimension, distance=models.Distance.COSINE
+                    )
+                },
+                sparse_vectors_config={
+                    SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)
+                },
                 metadata=spec.record(),
             )
             with warnings.catch_warnings():
@@ -137,8 +150,16 @@ class QdrantClientStore:
         else:
             info = self._call("get_collection", self.client.get_collection, spec.name)
             vectors = info.config.params.vectors
+            sparse = info.config.params.sparse_vectors or {}
+            layout = None
+            if isinstance(vectors, dict):
+                vectors = vectors.get(DENSE_VECTOR)
+                if vectors is not None and SPARSE_VECTOR in sparse:
+                    layout = COLLECTION_LAYOUT
             size = getattr(vectors, "size", None)
-            check_collection_matches(spec, size, getattr(info.config, "metadata", None))
+            check_collection_matches(
+                spec, size, getattr(info.config, "metadata", None), found_layout=layout
+            )
         self._known.add(spec.name)
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
@@ -160,10 +181,14 @@ class QdrantClientStore:
         """Insert or overwrite ``points`` in batches of ``batch_size``."""
         models = _qc().models
         for start in range(0, len(points), self.batch_size):
-            batch = [
-                models.PointStruct(id=p.id, vector=p.vector.tolist(), payload=dict(p.payload))
-                for p in points[start : start + self.batch_size]
-            ]
+            batch = []
+            for p in points[start : start + self.batch_size]:
+                vectors: dict[str, Any] = {DENSE_VECTOR: p.vector.tolist()}
+                if p.sparse:
+                    vectors[SPARSE_VECTOR] = models.SparseVector(
+                        indices=list(p.sparse.indices), values=list(p.sparse.values)
+                    )
+                batch.append(models.PointStruct(id=p.id, vector=vectors, payload=dict(p.payload)))
             self._call("upsert", self.client.upsert, collection, points=batch, wait=True)
 
     def _row_filter(self, pk: str, from_index: int = 0) -> Any:
@@ -197,22 +222,54 @@ class QdrantClientStore:
     def search(
         self,
         collection: str,
-        vector: npt.NDArray[np.float32],
+        vector: npt.NDArray[np.float32] | None,
         limit: int,
         *,
+        sparse: SparseVector | None = None,
+        mode: SearchMode = "dense",
         score_threshold: float | None = None,
     ) -> list[StoreHit]:
-        """The ``limit`` nearest points, best first (an empty list if the collection is new)."""
+        """The ``limit`` best points for ``mode``, best first (empty if the collection is new).
+
+        See :meth:`~semantic_orm.stores.base.VectorStore.search` for the modes.
+        """
         if limit <= 0 or not self._exists(collection):
             return []
+        models = _qc().models
+        dense = None if vector is None else vector.tolist()
+        keyword = None
+        if sparse:
+            keyword = models.SparseVector(indices=list(sparse.indices), values=list(sparse.values))
+        query: Any
+        prefetch: Any = None
+        using: str | None = None
+        threshold = score_threshold
+        if mode == "keyword" or (mode == "hybrid" and dense is None):
+            if keyword is None:
+                return []
+            query, using = keyword, SPARSE_VECTOR
+        elif mode == "hybrid" and keyword is not None:
+            prefetch = [
+                models.Prefetch(
+                    query=dense, using=DENSE_VECTOR, limit=limit, score_threshold=score_threshold
+                ),
+                models.Prefetch(query=keyword, using=SPARSE_VECTOR, limit=limit),
+            ]
+            query, threshold = models.RrfQuery(rrf=models.Rrf(k=RRF_K)), None
+        else:
+            if dense is None:
+                raise ConfigurationError(f"{mode} search needs a dense query vector")
+            query, using = dense, DENSE_VECTOR
         response = self._call(
             "query_points",
             self.client.query_points,
             collection,
-            query=vector.tolist(),
+            query=query,
+            using=using,
+            prefetch=prefetch,
             limit=limit,
             with_payload=True,
-            score_threshold=score_threshold,
+            score_threshold=threshold,
         )
         return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in response.points]
 
@@ -235,7 +292,7 @@ class QdrantClientStore:
             for r in records:
                 vector = None
                 if vectors and r.vector is not None:
-                    raw = r.vector.get("", r.vector) if isinstance(r.vector, dict) else r.vector
+                    raw = r.vector.get(DENSE_VECTOR) if isinstance(r.vector, dict) else r.vector
                     vector = np.asarray(raw, dtype=np.float32)
                 out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
             if offset is None:

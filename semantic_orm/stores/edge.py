@@ -32,7 +32,12 @@ import numpy.typing as npt
 from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
 from .base import (
     DEFAULT_BATCH_SIZE,
+    DENSE_VECTOR,
+    RRF_K,
+    SPARSE_VECTOR,
     CollectionSpec,
+    SearchMode,
+    SparseVector,
     StoreHit,
     VectorPoint,
     check_collection_matches,
@@ -132,9 +137,14 @@ class EdgeStore:
                     if shard_dir.exists():  # left by a creation that crashed before its metadata
                         shutil.rmtree(shard_dir)
                     config = qe.EdgeConfig(
-                        vectors=qe.EdgeVectorParams(
-                            size=spec.dimension, distance=qe.Distance.Cosine
-                        )
+                        vectors={
+                            DENSE_VECTOR: qe.EdgeVectorParams(
+                                size=spec.dimension, distance=qe.Distance.Cosine
+                            )
+                        },
+                        sparse_vectors={
+                            SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+                        },
                     )
                     try:
                         shard = qe.EdgeShard.create(str(shard_dir), config)
@@ -163,7 +173,7 @@ class EdgeStore:
         """Create ``spec.name`` if missing; refuse one built by another model or dimension."""
         opened = self._open(spec.name, spec)
         assert opened is not None
-        check_collection_matches(spec, opened.dimension, opened.meta)
+        check_collection_matches(spec, opened.dimension, opened.meta, found_layout=None)
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
         """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
@@ -199,10 +209,14 @@ class EdgeStore:
         qe = _qe()
         opened = self._require(collection)
         for start in range(0, len(points), self.batch_size):
-            batch = [
-                qe.Point(p.id, p.vector.tolist(), dict(p.payload))
-                for p in points[start : start + self.batch_size]
-            ]
+            batch = []
+            for p in points[start : start + self.batch_size]:
+                vectors: dict[str, Any] = {DENSE_VECTOR: p.vector.tolist()}
+                if p.sparse:
+                    vectors[SPARSE_VECTOR] = qe.SparseVector(
+                        list(p.sparse.indices), list(p.sparse.values)
+                    )
+                batch.append(qe.Point(p.id, vectors, dict(p.payload)))
             with opened.lock:
                 opened.shard.update(qe.UpdateOperation.upsert_points(batch))
 
@@ -228,22 +242,49 @@ class EdgeStore:
     def search(
         self,
         collection: str,
-        vector: npt.NDArray[np.float32],
+        vector: npt.NDArray[np.float32] | None,
         limit: int,
         *,
+        sparse: SparseVector | None = None,
+        mode: SearchMode = "dense",
         score_threshold: float | None = None,
     ) -> list[StoreHit]:
-        """The ``limit`` nearest points, best first (an empty list if the collection is new)."""
+        """The ``limit`` best points for ``mode``, best first (empty if the collection is new).
+
+        See :meth:`~semantic_orm.stores.base.VectorStore.search` for the modes.
+        """
         qe = _qe()
         opened = self._open(collection)
         if opened is None or limit <= 0:
             return []
-        request = qe.QueryRequest(
-            limit=limit,
-            query=qe.Query.Nearest(vector.tolist()),
-            with_payload=True,
-            score_threshold=score_threshold,
-        )
+        dense = None if vector is None else qe.Query.Nearest(vector.tolist(), using=DENSE_VECTOR)
+        keyword = None
+        if sparse:
+            keyword = qe.Query.Nearest(
+                qe.SparseVector(list(sparse.indices), list(sparse.values)), using=SPARSE_VECTOR
+            )
+        if mode == "keyword" or (mode == "hybrid" and dense is None):
+            if keyword is None:
+                return []
+            request = qe.QueryRequest(
+                limit=limit, query=keyword, with_payload=True, score_threshold=score_threshold
+            )
+        elif mode == "hybrid" and keyword is not None:
+            request = qe.QueryRequest(
+                limit=limit,
+                prefetches=[
+                    qe.Prefetch(limit=limit, query=dense, score_threshold=score_threshold),
+                    qe.Prefetch(limit=limit, query=keyword),
+                ],
+                query=qe.Fusion.Rrf(k=RRF_K),
+                with_payload=True,
+            )
+        else:
+            if dense is None:
+                raise ConfigurationError(f"{mode} search needs a dense query vector")
+            request = qe.QueryRequest(
+                limit=limit, query=dense, with_payload=True, score_threshold=score_threshold
+            )
         with opened.lock:
             found = opened.shard.query(request)
         return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in found]
@@ -264,7 +305,7 @@ class EdgeStore:
             for r in records:
                 vector = None
                 if vectors and r.vector is not None:
-                    raw = r.vector.get("", r.vector) if isinstance(r.vector, dict) else r.vector
+                    raw = r.vector.get(DENSE_VECTOR) if isinstance(r.vector, dict) else r.vector
                     vector = np.asarray(raw, dtype=np.float32)
                 out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
             if offset is None:

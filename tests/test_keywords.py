@@ -1,0 +1,51 @@
+"""The BM25 keyword vectors: tokenization (English, French, CJK) and term weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from semantic_orm import keywords
+from semantic_orm.keywords import document_vector, query_vector, tokenize
+
+
+def test_english_words_are_folded_stemmed_and_stopwords_dropped() -> None:
+    assert list(tokenize("The Rivers of the WORLD")) == ["river", "world"]
+    tokens = list(tokenize("Part XR-7734, isn't it?"))
+    assert tokens == ["part", "xr-7734", "xr", "7734", "isn't", "isn"]
+
+
+def test_french_accents_and_elisions() -> None:
+    assert list(tokenize("L'évaluation des impôts")) == ["l'evaluation", "evaluation", "impot"]
+    assert list(tokenize("bateaux")) == list(tokenize("bateau"))
+    # a query without accents matches an accented document
+    assert set(query_vector("evaluation").indices) <= set(document_vector("Évaluation").indices)
+
+
+def test_cjk_runs_become_character_bigrams() -> None:
+    assert list(tokenize("東京都に行く")) == ["東京", "京都", "都に", "に行", "行く"]
+    assert list(tokenize("東")) == ["東"]
+    assert list(tokenize("서울 Seoul")) == ["서울", "seoul"]
+    shared = set(query_vector("京都").indices) & set(document_vector("東京都の天気").indices)
+    assert shared  # 京都 is a bigram of 東京都
+
+
+def test_document_weights_saturate_and_normalise_by_length() -> None:
+    once = document_vector("pump")
+    twice = document_vector("pump pump")
+    (w1,), (w2,) = once.values, twice.values
+    assert w1 < w2 < (keywords.K1 + 1)  # more occurrences weigh more, up to k1 + 1
+    long = document_vector("pump " + "valve " * 200)
+    index = once.indices[0]
+    assert dict(zip(long.indices, long.values, strict=True))[index] < w1  # long chunks weigh less
+    assert list(once.indices) == sorted(set(once.indices))
+
+
+def test_query_vectors_weigh_each_distinct_term_once() -> None:
+    q = query_vector("pump pump valve")
+    assert len(q.indices) == 2 and q.values == (1.0, 1.0)
+    assert not query_vector("the of and")  # only stop words: empty, falsy
+
+
+@pytest.mark.parametrize("text", ["", "   ", "!!!"])
+def test_empty_text_gives_an_empty_vector(text: str) -> None:
+    assert document_vector(text).indices == ()

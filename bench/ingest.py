@@ -8,8 +8,9 @@ hits both alike:
   (chunk, embed, upsert and stale-point pruning happen on commit). Raw: the same rows committed
   by a plain session, then ``RecursiveChunker.chunk``, ``SentenceTransformer.encode`` and a direct
   Qdrant Edge ``upsert_points``.
-* search - ``Model.semantic_search(session, q, limit=5)`` against a raw Edge query plus one
-  primary-key ``SELECT``, over an index of at least 20,000 chunks.
+* search - ``Model.semantic_search(session, q, limit=5, mode="dense")`` against a raw Edge
+  dense query plus one primary-key ``SELECT``, over an index of at least 20,000 chunks (the
+  same work by hand; hybrid mode adds a keyword prefetch and fusion, see bench/retrieval.py).
 
     python bench/ingest.py [--scifact DIR] [--docs 400] [--search-docs 2800] [--queries 200]
 
@@ -248,7 +249,9 @@ def main() -> int:
             while True:
                 found = passage_shard.query(
                     qe.QueryRequest(
-                        limit=fetch, query=qe.Query.Nearest(vec.tolist()), with_payload=True
+                        limit=fetch,
+                        query=qe.Query.Nearest(vec.tolist(), using="dense"),
+                        with_payload=True,
                     )
                 )
                 keys: list[int] = []
@@ -266,13 +269,13 @@ def main() -> int:
         qs = queries[: args.queries]
         ours, raws = [], []
         with orm_factory() as s:
-            Passage.semantic_search(s, qs[0], limit=5)
+            Passage.semantic_search(s, qs[0], limit=5, mode="dense")
             raw_search(s, qs[0])
             for i, q in enumerate(qs):
                 for side in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
                     t0 = time.perf_counter()
                     if side == "ours":
-                        hits = Passage.semantic_search(s, q, limit=5)
+                        hits = Passage.semantic_search(s, q, limit=5, mode="dense")
                         ours.append(time.perf_counter() - t0)
                     else:
                         rows = raw_search(s, q)

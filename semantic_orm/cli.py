@@ -58,7 +58,7 @@ def _index(spec: str) -> SemanticIndex:
 
 
 def _engine(index: SemanticIndex, url: str | None) -> Engine:
-    return create_engine(url) if url else index._engine(None)
+    return create_engine(url) if url else index.engine_for()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

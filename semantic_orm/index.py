@@ -298,7 +298,12 @@ class SemanticIndex:
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
 
-    def _engine(self, bind: Engine | sessionmaker[Any] | None) -> Engine:
+    def engine_for(self, bind: Engine | sessionmaker[Any] | None = None) -> Engine:
+        """The engine whose outbox to process: ``bind``'s, or the one installed sessions use.
+
+        Raises:
+            ConfigurationError: If ``bind`` is ``None`` and no single engine is known.
+        """
         if isinstance(bind, Engine):
             return bind
         if isinstance(bind, sessionmaker):
@@ -314,7 +319,7 @@ class SemanticIndex:
         self, bind: Engine | sessionmaker[Any] | None = None, *, limit: int = 256
     ) -> ProcessReport:
         """Process one batch of due jobs; returns what happened."""
-        return self._syncer.process(self._engine(bind), limit=limit)
+        return self._syncer.process(self.engine_for(bind), limit=limit)
 
     def drain(
         self,
@@ -330,7 +335,7 @@ class SemanticIndex:
         Raises:
             TimeoutError: If jobs are still pending after ``timeout`` seconds.
         """
-        engine = self._engine(bind)
+        engine = self.engine_for(bind)
         total = ProcessReport()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -56,10 +56,6 @@ class Progress:
         self.stream.flush()
 
 
-def _engine(index: SemanticIndex, bind: Engine | sessionmaker[Any] | None) -> Engine:
-    return index._engine(bind)
-
-
 def _indexed_keys(index: SemanticIndex, column: SemanticColumn) -> set[str]:
     return {str(p.payload["pk"]) for p in index.store.points(index.collection_name(column))}
 
@@ -92,7 +88,7 @@ def reindex(
     columns = semantic_columns(mapper)
     if not columns:
         raise ConfigurationError(f"{model.__name__} has no SemanticText column")
-    engine = _engine(index, bind)
+    engine = index.engine_for(bind)
     for col in columns:
         index.register_column(col)
     queued = 0
@@ -159,7 +155,7 @@ def status(
     index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
 ) -> list[ColumnStatus]:
     """Rows, indexed rows, pending and dead jobs, and lag for each registered column."""
-    engine = _engine(index, bind)
+    engine = index.engine_for(bind)
     out: list[ColumnStatus] = []
     with engine.connect() as conn:
         with conn.begin():

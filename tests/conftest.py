@@ -14,7 +14,7 @@ Add new fixtures in their own section below; keep this file free of test-specifi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import sessionmaker
 from pg_cluster import PostgresServer, PostgresUnavailable, start_server
 from semantic_orm import EdgeStore, QdrantClientStore, SemanticIndex, SentenceTransformerEmbedder
 from semantic_orm.stores import VectorStore
-from semantic_orm.testing import HashEmbedder
+from semantic_orm.testing import FlakyStore, HashEmbedder
 
 from .models import Base
 
@@ -178,3 +178,35 @@ def minilm() -> SentenceTransformerEmbedder:
     embedder = SentenceTransformerEmbedder()
     assert embedder.dimension == 384
     return embedder
+
+
+@pytest.fixture
+def installed(
+    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder
+) -> Iterator[Callable[..., tuple[SemanticIndex, sessionmaker[OrmSession]]]]:
+    """Factory for an index installed on a fresh sessionmaker over ``engine``, tables created.
+
+    ``installed(flaky=True)`` puts the store behind a :class:`FlakyStore` (``idx.store``);
+    ``embedder=`` replaces the fake embedder; other keywords go to :class:`SemanticIndex`.
+    Every index made is uninstalled at teardown.
+    """
+    made: list[tuple[SemanticIndex, sessionmaker[OrmSession]]] = []
+
+    def make(
+        *,
+        flaky: bool = False,
+        embedder: Any = None,
+        expire_on_commit: bool = False,
+        **settings: Any,
+    ) -> tuple[SemanticIndex, sessionmaker[OrmSession]]:
+        Base.metadata.create_all(engine)
+        target: VectorStore = FlakyStore(store) if flaky else store
+        idx = SemanticIndex(store=target, embedder=embedder or hash_embedder, **settings)
+        factory = sessionmaker(engine, expire_on_commit=expire_on_commit)
+        idx.install(factory)
+        made.append((idx, factory))
+        return idx, factory
+
+    yield make
+    for idx, factory in made:
+        idx.uninstall(factory)

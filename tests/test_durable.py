@@ -132,22 +132,19 @@ def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: An
     assert not job["dead"] and job["attempts"] == 0
 
 
-def one_row_on_a_flaky_store(
-    tables: Engine, store: Any, **settings: Any
-) -> tuple[FlakyStore, SemanticIndex]:
+def one_row_on_a_flaky_store(installed: Any, **settings: Any) -> tuple[Any, SemanticIndex]:
     """A deferred index on a store that can fail, and one committed row waiting for it."""
-    flaky = FlakyStore(store)
-    idx = SemanticIndex(store=flaky, embedder=HashEmbedder(), mode="deferred", **settings)
-    factory = sessionmaker(tables)
-    idx.install(factory)
+    idx, factory = installed(flaky=True, mode="deferred", **settings)
     with factory() as s:
         s.add(Article(title="t", content="rivers"))
         s.commit()
-    return flaky, idx
+    return idx.store, idx
 
 
-def test_transient_errors_retry_with_backoff_and_never_bury(tables: Engine, store: Any) -> None:
-    flaky, idx = one_row_on_a_flaky_store(tables, store, max_attempts=2, retry_base=0)
+def test_transient_errors_retry_with_backoff_and_never_bury(
+    tables: Engine, store: Any, installed: Any
+) -> None:
+    flaky, idx = one_row_on_a_flaky_store(installed, max_attempts=2, retry_base=0)
     flaky.down = True
     for _ in range(5):
         idx.process(tables)
@@ -158,8 +155,8 @@ def test_transient_errors_retry_with_backoff_and_never_bury(tables: Engine, stor
     assert store.count(COLL) == 1
 
 
-def test_backoff_grows_and_is_capped(tables: Engine, store: Any) -> None:
-    flaky, idx = one_row_on_a_flaky_store(tables, store, retry_base=2, retry_cap=5)
+def test_backoff_grows_and_is_capped(tables: Engine, installed: Any) -> None:
+    flaky, idx = one_row_on_a_flaky_store(installed, retry_base=2, retry_cap=5)
     flaky.down = True
     for expected in (2, 4, 5, 5):  # seconds: doubled each attempt, capped at retry_cap
         with tables.begin() as conn:  # make the job due now, then fail it once more

@@ -100,12 +100,9 @@ def test_search_by_meaning_finds_the_right_row_and_passage(
 
 
 def test_chunks_longer_than_the_model_window_warn_with_both_numbers(
-    engine: Any, store: Any, minilm: SentenceTransformerEmbedder
+    installed: Any, store: Any, minilm: SentenceTransformerEmbedder
 ) -> None:
-    Base.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=minilm)
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    _, factory = installed(embedder=minilm)
     text = " ".join(["The committee reviewed the annual budget report."] * 50)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -120,7 +117,6 @@ def test_chunks_longer_than_the_model_window_warn_with_both_numbers(
     assert (
         "Wide.body" in message and "chunk_size=3000" in message and "at most 256 tokens" in message
     )
-    idx.uninstall(factory)
 
 
 def test_switching_models_on_an_existing_collection_is_refused(
@@ -149,12 +145,9 @@ def test_switching_models_on_an_existing_collection_is_refused(
 
 
 def test_overlong_chunks_are_split_at_token_boundaries_not_truncated(
-    engine: Any, store: Any, minilm: SentenceTransformerEmbedder
+    installed: Any, store: Any, minilm: SentenceTransformerEmbedder
 ) -> None:
-    Base.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=minilm)
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    _, factory = installed(embedder=minilm)
     text = " ".join(["The committee reviewed the annual budget report in detail."] * 60)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ChunkTooLongWarning)
@@ -174,4 +167,3 @@ def test_overlong_chunks_are_split_at_token_boundaries_not_truncated(
         assert p["pk"] == str(pk) and p["total_chunks"] == len(payloads)
         covered = max(covered, p["end_offset"])
     assert covered == len(text)  # nothing past the window was dropped
-    idx.uninstall(factory)

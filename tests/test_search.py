@@ -136,18 +136,11 @@ def test_search_before_anything_was_saved_is_empty(Session: sessionmaker[OrmSess
 
 
 def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
-    engine: Any, store: Any, hash_embedder: Any
+    engine: Any, installed: Any
 ) -> None:
     """A row whose re-sync failed keeps old points; their offsets may overrun its new text."""
-    from semantic_orm.testing import FlakyStore
-
-    from .models import Base
-
-    Base.metadata.create_all(engine)
-    flaky = FlakyStore(store)
-    idx = SemanticIndex(store=flaky, embedder=hash_embedder, retry_base=0.01)
-    factory = sessionmaker(engine, expire_on_commit=False)
-    idx.install(factory)
+    idx, factory = installed(flaky=True, retry_base=0.01)
+    flaky = idx.store
     long_text = " ".join(["rivers and lakes carry fresh water"] * 20)
     with factory() as s:
         art = Article(title="t", content=long_text)
@@ -163,4 +156,3 @@ def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
         idx.drain(engine, timeout=10)
         (hit,) = Article.semantic_search(s, "rivers lakes water", limit=3)
         assert hit.chunk.text == "rivers" and hit.chunk.total_chunks == 1
-    idx.uninstall(factory)

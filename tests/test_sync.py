@@ -22,7 +22,7 @@ from semantic_orm import (
     signals,
 )
 from semantic_orm.mapping import row_key
-from semantic_orm.testing import FlakyStore, HashEmbedder
+from semantic_orm.testing import HashEmbedder
 
 from .models import Article, Note, Plain, Translation
 
@@ -306,16 +306,9 @@ def test_primary_key_change_moves_points(
     assert point["end_offset"] == len("a summary")
 
 
-def test_store_outage_keeps_the_commit_and_the_job(
-    engine: Any, hash_embedder: HashEmbedder, store: Any
-) -> None:
-    from .models import Base
-
-    Base.metadata.create_all(engine)
-    flaky = FlakyStore(store)
-    idx = SemanticIndex(store=flaky, embedder=hash_embedder, retry_base=0.01)
-    factory = sessionmaker(engine, expire_on_commit=False)
-    idx.install(factory)
+def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) -> None:
+    idx, factory = installed(flaky=True, retry_base=0.01)
+    flaky = idx.store
     failures: list[dict[str, Any]] = []
 
     def on_fail(sender: Any, **kw: Any) -> None:
@@ -341,19 +334,13 @@ def test_store_outage_keeps_the_commit_and_the_job(
     with factory() as s:
         (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
         assert hit.obj.id == art.id
-    idx.uninstall(factory)
 
 
 def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
-    engine: Any, hash_embedder: HashEmbedder, store: Any
+    engine: Any, installed: Any
 ) -> None:
-    from .models import Base
-
-    Base.metadata.create_all(engine)
-    flaky = FlakyStore(store)
-    idx = SemanticIndex(store=flaky, embedder=hash_embedder)
-    factory = sessionmaker(engine, expire_on_commit=False)
-    idx.install(factory)
+    idx, factory = installed(flaky=True)
+    flaky = idx.store
     with factory() as s:
         art = Article(title="t", content=LONG)
         s.add(art)
@@ -366,7 +353,6 @@ def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
     assert jobs(engine) == []
     (only,) = points_of(idx, art.id)
     assert only["end_offset"] == len("newest content")
-    idx.uninstall(factory)
 
 
 def test_install_is_explicit_scoped_and_removable(

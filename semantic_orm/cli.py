@@ -6,9 +6,16 @@ define the models and the :class:`~semantic_orm.index.SemanticIndex`, installed 
 
     semantic-orm worker myapp.search:index
     semantic-orm reindex myapp.search:index myapp.models:Article [--all]
+    semantic-orm reindex myapp.search:index myapp.models:Article --rebuild [--no-switch]
     semantic-orm status myapp.search:index [--json]
+    semantic-orm gc myapp.search:index [--dry-run] [--json]
     semantic-orm requeue myapp.search:index
     semantic-orm eval myapp.search:index myapp.models:Article gold.jsonl --k 5 [--json] [--lenient]
+
+``reindex --rebuild`` re-embeds into a new collection while searches keep using the current one,
+then switches (after a model or chunk-settings change; see
+:func:`semantic_orm.maintenance.rebuild`). ``gc`` drops the collections of dropped or renamed
+columns and abandoned rebuilds; ``--dry-run`` only lists them. ``status`` shows lag and drift.
 
 ``eval`` searches each gold question (see :mod:`semantic_orm.evaluation` for the file format and
 the metrics) and prints Recall@k by row and by span, MRR@k and nDCG@10, then the failed questions
@@ -32,7 +39,7 @@ from . import outbox
 from .evaluation import evaluate, load_gold
 from .exc import ConfigurationError
 from .index import SemanticIndex
-from .maintenance import reindex, status
+from .maintenance import gc, rebuild, reindex, status
 from .search import DEFAULT_MODE, SEARCH_MODES
 from .worker import Worker
 
@@ -71,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("status", "show index lag per column"),
         ("requeue", "retry dead-lettered jobs"),
         ("eval", "measure retrieval quality on a gold set"),
+        ("gc", "drop collections no column uses"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("index", help="module:attribute of the SemanticIndex")
@@ -82,7 +90,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "reindex":
             cmd.add_argument("model", help="module:Class of the model")
             cmd.add_argument("--all", action="store_true", help="re-queue every row")
-            cmd.add_argument("--batch", type=int, default=500)
+            cmd.add_argument(
+                "--rebuild",
+                action="store_true",
+                help="re-embed into a new collection, then switch searches to it",
+            )
+            cmd.add_argument(
+                "--no-switch",
+                action="store_true",
+                help="with --rebuild: build (or resume) the new collection, do not switch yet",
+            )
+            cmd.add_argument("--column", help="with --rebuild: only this semantic attribute")
+            cmd.add_argument("--batch", type=int, default=None)
+        if name == "gc":
+            cmd.add_argument("--dry-run", action="store_true", help="list, do not drop")
+            cmd.add_argument("--json", action="store_true")
         if name == "status":
             cmd.add_argument("--json", action="store_true")
         if name == "eval":
@@ -106,12 +128,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyboardInterrupt:
                 pass
             print(f"semantic-orm worker: {worker.processed} jobs done", file=sys.stderr)
+        elif args.command == "reindex" and args.rebuild:
+            model = _load(args.model)
+            for rep in rebuild(
+                index,
+                model,
+                engine,
+                column=args.column,
+                batch_size=args.batch or 64,
+                switch=not args.no_switch,
+                progress=True,
+            ):
+                what = f"switched {rep.collection!r} to it" if rep.switched else "not switched yet"
+                print(
+                    f"{rep.column}: rebuilt {rep.rows} rows in {rep.built_in!r} ({rep.embedded} chunks "
+                    f"embedded, {rep.reused} reused); {what}"
+                )
+                if rep.failed:
+                    print(f"  rows that could not be indexed: {', '.join(rep.failed)}")
         elif args.command == "reindex":
             model = _load(args.model)
             n = reindex(
-                index, model, engine, all_rows=args.all, batch_size=args.batch, progress=True
+                index, model, engine, all_rows=args.all, batch_size=args.batch or 500, progress=True
             )
             print(f"queued and processed {n} rows of {model.__name__}")
+        elif args.command == "gc":
+            found = gc(index, engine, dry_run=args.dry_run)
+            if args.json:
+                print(json.dumps([o.as_dict() for o in found], indent=2))
+            elif not found:
+                print("no orphan collections")
+            else:
+                verb = "would drop" if args.dry_run else "dropped"
+                for o in found:
+                    action = verb if o.removable else "kept"
+                    print(f"{action:10} {o.collection} ({o.points} points): {o.reason}")
         elif args.command == "status":
             rows = [s.as_dict() for s in status(index, engine)]
             if args.json:
@@ -128,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{r['pending_jobs']:>8} {r['dead_jobs']:>6} "
                         f"{'-' if age is None else f'{age:.0f} s':>15}"
                     )
+                    for setting, (old, new) in r["drift"].items():
+                        print(f"  drift: {setting} {old!r} -> {new!r} (reindex --rebuild)")
         elif args.command == "eval":
             model = _load(args.model)
             gold = load_gold(args.gold)

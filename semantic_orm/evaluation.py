@@ -38,9 +38,9 @@ from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 from .exc import ConfigurationError
-from .index import SemanticIndex
+from .index import SemanticIndex, index_for
 from .mapping import row_key
-from .search import DEFAULT_MODE, SearchHit, semantic_search
+from .search import DEFAULT_MODE, SearchHit, _pick_column, semantic_search
 from .stores.base import SearchMode
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _NDCG_DEPTH = 10
+_ENCODE_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,11 +265,30 @@ def evaluate(
     if not items:
         raise ConfigurationError("evaluate needs at least one gold question")
     depth = max(k, _NDCG_DEPTH)
+    vectors: list[Any] = [None] * len(items)
+    if mode != "keyword":
+        # encode the questions in batches, not one at a time (two searches share each vector)
+        idx = index or index_for(session)
+        if idx is not None:
+            col = _pick_column(inspect(model), column)
+            embedder = idx.embedder_for(col)
+            for start in range(0, len(items), _ENCODE_BATCH):
+                batch = items[start : start + _ENCODE_BATCH]
+                vectors[start : start + len(batch)] = list(
+                    embedder.encode([g.question for g in batch])
+                )
     results: list[QuestionResult] = []
-    for item in items:
+    for item, vector in zip(items, vectors, strict=True):
         key = item.key
         rows = semantic_search(
-            session, model, item.question, limit=depth, mode=mode, column=column, index=index
+            session,
+            model,
+            item.question,
+            limit=depth,
+            mode=mode,
+            column=column,
+            index=index,
+            query_vector=vector,
         )
         row_keys = [_hit_key(h) for h in rows]
         row_rank = row_keys.index(key) + 1 if key in row_keys else None
@@ -287,6 +307,7 @@ def evaluate(
                 mode=mode,
                 column=column,
                 index=index,
+                query_vector=vector,
             )
             retrieved = []
             for position, hit in enumerate(passages, 1):

@@ -6,6 +6,7 @@ from the built-in exception a caller would naturally catch, so ``except ValueErr
     SemanticORMError
     ├── ConfigurationError (ValueError)        a setting is invalid or inconsistent
     │   └── CollectionMismatchError            a collection was built by another model/dimension
+    │       └── EmbeddingDriftError            a column's model or chunking changed since
     ├── SemanticValueError (ValueError)        a column value cannot be indexed (NUL, surrogate)
     ├── SemanticTypeError (TypeError)          a column value is not a string
     ├── MissingDependencyError (ImportError)   an optional extra is not installed
@@ -18,10 +19,13 @@ Warnings: :class:`ChunkTooLongWarning` (UserWarning) when chunks overflow the mo
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ChunkTooLongWarning",
     "CollectionMismatchError",
     "ConfigurationError",
+    "EmbeddingDriftError",
     "EmbeddingError",
     "MissingDependencyError",
     "SemanticORMError",
@@ -42,6 +46,24 @@ class ConfigurationError(SemanticORMError, ValueError):
 
 class CollectionMismatchError(ConfigurationError):
     """An existing vector collection was produced by another model or dimension."""
+
+
+class EmbeddingDriftError(CollectionMismatchError):
+    """A column's declared model, dimension or chunking differs from what built its collection.
+
+    Attributes:
+        column: ``Model.attribute`` of the drifted column.
+        collection: The collection's name.
+        changes: ``{setting: (recorded, declared)}`` for each setting that differs.
+    """
+
+    def __init__(
+        self, message: str, *, column: str, collection: str, changes: dict[str, tuple[Any, Any]]
+    ) -> None:
+        super().__init__(message)
+        self.column = column
+        self.collection = collection
+        self.changes = changes
 
 
 class SemanticValueError(SemanticORMError, ValueError):

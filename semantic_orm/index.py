@@ -39,7 +39,7 @@ from sqlalchemy.orm import Mapper, Session, sessionmaker
 from . import __version__, outbox
 from .chunking import Chunker
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
-from .exc import ConfigurationError
+from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .mapping import SemanticColumn, semantic_columns
 from .stores.base import CollectionSpec, VectorStore
 from .sync import JobKey, ProcessReport, SessionTracker, Syncer, fingerprint
@@ -136,6 +136,7 @@ class SemanticIndex:
         self._syncer = Syncer(self)
         self._tracker = SessionTracker(self)
         self._ensured: set[str] = set()
+        self._searchable: set[str] = set()  # drifted in chunking only: searchable, not writable
         self._chunkers: dict[int, Chunker] = {}
         self._fingerprints: dict[int, str] = {}
         self._columns: dict[tuple[str, str], SemanticColumn] = {}
@@ -220,13 +221,80 @@ class SemanticIndex:
             },
         )
 
-    def ensure_collection(self, column: SemanticColumn) -> None:
-        """Create ``column``'s collection if needed; refuse one of another model or dimension."""
+    def ensure_collection(self, column: SemanticColumn, *, for_search: bool = False) -> None:
+        """Create ``column``'s collection if needed; refuse one its vectors do not fit.
+
+        Args:
+            column: The semantic column.
+            for_search: Only searching: a collection chunked with other settings still answers
+                (its vectors come from the same model), with a warning; writing to it does not.
+
+        Raises:
+            EmbeddingDriftError: The collection was built by another model or dimension (or,
+                when writing, other chunk settings). The message names each change and the
+                command that rebuilds the collection.
+        """
         name = self.collection_name(column)
-        if name in self._ensured:
+        if name in self._ensured or (for_search and name in self._searchable):
             return
-        self.store.ensure_collection(self.spec_for(column))
-        self._ensured.add(name)
+        spec = self.spec_for(column)
+        try:
+            self.store.ensure_collection(spec)
+        except CollectionMismatchError as exc:
+            changes = drift(self.store.collection_info(name), spec)
+            if not changes:
+                raise  # not a setting that changed (e.g. a collection of an older layout)
+            raise self._drift_error(column, name, changes) from exc
+        changes = drift(self.store.collection_info(name), spec)
+        if not changes:
+            self._ensured.add(name)
+            return
+        if for_search and not {"model", "dimension"} & set(changes):
+            log.warning("semantic_orm: %s", self._drift_error(column, name, changes))
+            self._searchable.add(name)
+            return
+        raise self._drift_error(column, name, changes)
+
+    @property
+    def syncer(self) -> Syncer:
+        """The object that applies sync operations (used by maintenance tools)."""
+        return self._syncer
+
+    def verify(self) -> None:
+        """Check every registered column's collection now, e.g. when the application starts.
+
+        Creates missing collections and raises on the first drifted one, instead of at the
+        first search or sync.
+
+        Raises:
+            EmbeddingDriftError: A column's model, dimension or chunking differs from what built
+                its collection; the message names the change and the command that fixes it.
+        """
+        for column in self.columns():
+            self.ensure_collection(column)
+
+    def forget_collection(self, column: SemanticColumn) -> None:
+        """Check ``column``'s collection again on next use (after a rebuild switched it)."""
+        name = self.collection_name(column)
+        self._ensured.discard(name)
+        self._searchable.discard(name)
+
+    def _drift_error(
+        self, column: SemanticColumn, name: str, changes: dict[str, tuple[Any, Any]]
+    ) -> EmbeddingDriftError:
+        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
+        model = column.model
+        return EmbeddingDriftError(
+            f"{column.label} has changed since its collection {name!r} was built ({listed}). "
+            "Its vectors no longer match the column. Rebuild the collection; searches keep using "
+            "the current one until the switch: semantic-orm reindex MODULE:index "
+            f"{model.__module__}:{model.__qualname__} --rebuild (or "
+            f"semantic_orm.maintenance.rebuild(index, {model.__qualname__})). To keep the old "
+            "vectors instead, restore the previous settings.",
+            column=column.label,
+            collection=name,
+            changes=changes,
+        )
 
     def fingerprint(self, column: SemanticColumn) -> str:
         """Digest of the model and chunking that produce ``column``'s vectors."""
@@ -362,6 +430,30 @@ class SemanticIndex:
     def close(self) -> None:
         """Close the vector store."""
         self.store.close()
+
+
+def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
+    """What differs between a collection's recorded metadata and what ``spec`` would record.
+
+    Compares the model, the dimension and each chunker setting; the library version is not a
+    difference. Settings a collection did not record (older servers) are not compared.
+
+    Returns:
+        ``{setting: (recorded, declared)}``, empty when nothing changed.
+    """
+    if not recorded:
+        return {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
+        if key in recorded and recorded[key] != declared:
+            changes[key] = (recorded[key], declared)
+    old = recorded.get("chunker")
+    new = spec.metadata.get("chunker")
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                changes[f"chunker.{key}"] = (old.get(key), new.get(key))
+    return changes
 
 
 def _mappers(models: Any) -> Iterable[Mapper[Any]]:

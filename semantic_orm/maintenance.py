@@ -1,28 +1,50 @@
-"""Backfill and health: ``reindex()`` queues rows for embedding, ``status()`` reports lag.
+"""Backfill, rebuilds and health: ``reindex``, ``rebuild``, ``gc`` and ``status``.
 
 ``reindex`` queues a job for every row of a model that has no vectors yet (or for every row with
 ``all_rows=True``), committing the jobs in batches, then drains them with a progress bar. It is
 resumable: rows indexed before an interruption are skipped next time, and queued jobs survive in
 the outbox. Unchanged chunks keep their vectors, so re-running it on an indexed table is cheap.
+
+``rebuild`` re-embeds a column whose model or chunk settings changed into a new collection while
+searches keep using the old one, then switches over (``semantic-orm reindex ... --rebuild``).
+``gc`` finds the collections of dropped or renamed columns and of abandoned rebuilds
+(``semantic-orm gc [--dry-run]``). ``status`` reports lag and drift per column.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sqlalchemy import Engine, func, inspect, select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from . import outbox
-from .exc import ConfigurationError
-from .index import SemanticIndex
-from .mapping import SemanticColumn, row_key, semantic_columns
+from .exc import CollectionMismatchError, ConfigurationError, SyncError
+from .index import SemanticIndex, drift
+from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
+from .sync import SyncOp, is_transient
 
-__all__ = ["ColumnStatus", "Progress", "reindex", "status"]
+__all__ = [
+    "REBUILD_MARK",
+    "ColumnStatus",
+    "Orphan",
+    "Progress",
+    "RebuildReport",
+    "gc",
+    "rebuild",
+    "rebuild_name",
+    "reindex",
+    "status",
+]
+
+log = logging.getLogger("semantic_orm")
 
 
 class Progress:
@@ -137,10 +159,13 @@ class ColumnStatus:
     pending_jobs: int
     dead_jobs: int
     oldest_pending_age: float | None  # seconds
+    drift: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    """Settings changed since the collection was built: ``{setting: (recorded, declared)}``."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
+            "drift": {k: list(v) for k, v in self.drift.items()},
             "column": self.column,
             "collection": self.collection,
             "rows": self.rows,
@@ -154,7 +179,7 @@ class ColumnStatus:
 def status(
     index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
 ) -> list[ColumnStatus]:
-    """Rows, indexed rows, pending and dead jobs, and lag for each registered column."""
+    """Rows, indexed rows, pending and dead jobs, lag and drift for each registered column."""
     engine = index.engine_for(bind)
     out: list[ColumnStatus] = []
     with engine.connect() as conn:
@@ -179,6 +204,256 @@ def status(
                     pending_jobs=int(entry.get("pending", 0)),
                     dead_jobs=int(entry.get("dead", 0)),
                     oldest_pending_age=None if oldest is None else (now - oldest).total_seconds(),
+                    drift=drift(
+                        index.store.collection_info(index.collection_name(col)),
+                        index.spec_for(col),
+                    ),
                 )
             )
     return out
+
+
+# -- rebuilds -----------------------------------------------------------------------------------
+
+REBUILD_MARK = "__rebuild_"
+"""A rebuild of collection ``c`` is built in ``c + REBUILD_MARK + <config digest>``."""
+
+
+def rebuild_name(index: SemanticIndex, column: SemanticColumn) -> str:
+    """The collection a rebuild of ``column`` with its declared settings is built in.
+
+    It depends on the model, dimension and chunking, so an interrupted rebuild resumes in the
+    same collection, and one for other settings starts afresh.
+    """
+    return f"{index.collection_name(column)}{REBUILD_MARK}{index.fingerprint(column)[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildReport:
+    """What :func:`rebuild` did for one column."""
+
+    column: str
+    collection: str
+    built_in: str
+    rows: int
+    embedded: int
+    reused: int
+    failed: tuple[str, ...]
+    switched: bool
+
+
+def _read_values(
+    engine: Engine, column: SemanticColumn, keys: Sequence[str]
+) -> dict[str, str | None]:
+    mapper = column.mapper
+    values: dict[str, str | None] = {}
+    with Session(engine) as session:
+        for obj in session.scalars(select(mapper).where(pk_in(mapper, list(keys)))):
+            values[row_key(mapper.primary_key_from_instance(obj))] = getattr(obj, column.key)
+    return values
+
+
+def rebuild(
+    index: SemanticIndex,
+    model: type[Any],
+    bind: Engine | sessionmaker[Any] | None = None,
+    *,
+    column: str | None = None,
+    batch_size: int = 64,
+    switch: bool = True,
+    progress: bool | TextIO = False,
+) -> list[RebuildReport]:
+    """Re-embed ``model``'s semantic columns into new collections, then switch searches over.
+
+    For each column, every row is chunked and embedded with the *declared* settings into a
+    separate collection (:func:`rebuild_name`) while searches and writes keep using the current
+    one. Then the store switches the column's collection to the new one atomically (a Qdrant
+    alias; a directory swap for Qdrant Edge) and deletes the old one; the old collection is
+    untouched until the switch has succeeded. Finally every row is queued and synced once more,
+    through the outbox, so that writes committed during the rebuild reach the new collection.
+
+    Interrupted, it resumes: chunks already in the new collection with the same text and
+    settings are not embedded again.
+
+    Args:
+        index: The application's index.
+        model: The mapped class.
+        bind: Engine or sessionmaker of the database.
+        column: Only this semantic attribute (default: all of the model's).
+        batch_size: Rows read and embedded per batch.
+        switch: ``False`` builds (or resumes) the new collection and stops before switching:
+            deploy the code that declares the new settings, then run again to switch.
+        progress: Show a progress bar (``True`` for stderr, or a stream).
+
+    Returns:
+        One report per column.
+
+    Raises:
+        ConfigurationError: The model has no such semantic column.
+        SyncError: The store or the embedder failed (run again to resume).
+    """
+    mapper = inspect(model)
+    columns = [c for c in semantic_columns(mapper) if column is None or c.key == column]
+    if not columns:
+        raise ConfigurationError(
+            f"{model.__name__} has no SemanticText column"
+            + (f" named {column!r}" if column is not None else "")
+        )
+    engine = index.engine_for(bind)
+    stream = None if progress is False else (sys.stderr if progress is True else progress)
+    with engine.connect() as conn:
+        keys = [
+            row_key(tuple(row))
+            for row in conn.execute(select(*mapper.primary_key).order_by(*mapper.primary_key))
+        ]
+    reports: list[RebuildReport] = []
+    for col in columns:
+        index.register_column(col)
+        live = index.collection_name(col)
+        target = rebuild_name(index, col)
+        spec = dataclasses.replace(index.spec_for(col), name=target)
+        try:
+            index.store.ensure_collection(spec)
+        except CollectionMismatchError:  # left by another attempt under the same name
+            index.store.drop_collection(target)
+            index.store.ensure_collection(spec)
+        embedded = reused = 0
+        failed: list[str] = []
+        bar = Progress(len(keys), f"rebuild {col.label}", stream) if stream else None
+        for start in range(0, len(keys), batch_size):
+            part = keys[start : start + batch_size]
+            values = _read_values(engine, col, part)
+            ops = [SyncOp(col, pk, values.get(pk)) for pk in part]
+            report = index.syncer.apply(ops, into=target)
+            for group, error in report.failed:
+                if is_transient(error):
+                    raise SyncError(
+                        f"rebuilding {col.label} into {target!r} failed: {error}; run it again "
+                        "to resume"
+                    ) from error
+                failed.extend(op.pk for op in group)
+            embedded += report.embedded
+            reused += report.reused
+            if bar:
+                bar.advance(len(part))
+        if bar:
+            bar.close()
+        if switch:
+            index.store.replace_collection(live, target)
+            index.forget_collection(col)
+            log.info("semantic_orm: %s now searches %s (rebuilt)", col.label, live)
+        reports.append(
+            RebuildReport(
+                col.label, live, target, len(keys), embedded, reused, tuple(failed), switch
+            )
+        )
+    if switch:
+        # writes committed while the rebuild read the table went to the old collection (or
+        # waited, refused by the drift check): sync every row again, through the outbox so that
+        # workers' row locks apply; unchanged chunks are compared, not embedded
+        with engine.begin() as conn:
+            index.ensure_outbox(conn)
+            for col in columns:
+                outbox.expedite(conn, col.table, col.column.name)
+        reindex(index, model, engine, all_rows=True, batch_size=max(batch_size, 500))
+    return reports
+
+
+# -- garbage collection -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A collection no declared column uses."""
+
+    collection: str
+    reason: str
+    points: int
+    removable: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "collection": self.collection,
+            "reason": self.reason,
+            "points": self.points,
+            "removable": self.removable,
+        }
+
+
+def gc(
+    index: SemanticIndex,
+    bind: Engine | sessionmaker[Any] | None = None,
+    *,
+    dry_run: bool = False,
+) -> list[Orphan]:
+    """Find (and unless ``dry_run``, drop) collections that no semantic column uses any more.
+
+    Only collections created by semantic_orm under the index's ``collection_prefix`` are
+    considered. A collection is removable when its table or column is gone from the database
+    (dropped, or renamed: see the README), or when it is an unfinished rebuild for settings no
+    column declares any more. One whose recorded table and column still exist is listed but
+    kept: its model is probably not imported (pass ``models=`` to the index).
+
+    Args:
+        index: The application's index; it must know the models (``models=``).
+        bind: Engine or sessionmaker of the database.
+        dry_run: Only list.
+
+    Returns:
+        What was found, removable or not.
+
+    Raises:
+        ConfigurationError: The index knows no semantic column (its models are not imported).
+    """
+    columns = index.columns()
+    if not columns:
+        raise ConfigurationError(
+            "the index knows no SemanticText column, so every collection would look orphaned; "
+            "pass models= to SemanticIndex (or import the models) before gc"
+        )
+    engine = index.engine_for(bind)
+    known = {index.collection_name(c): c for c in columns}
+    inspector = inspect(engine)
+    found: list[Orphan] = []
+    for name in index.store.list_collections():
+        if not name.startswith(index.collection_prefix) or name in known:
+            continue
+        info = index.store.collection_info(name) or {}
+        if "layout" not in info:
+            continue  # not made by semantic_orm
+        base, mark, digest = name.rpartition(REBUILD_MARK)
+        if mark and base in known:
+            col = known[base]
+            if digest == index.fingerprint(col)[:12]:
+                continue  # a rebuild for the declared settings: resumable, keep it
+            reason = f"unfinished rebuild of {col.label} for settings no longer declared"
+            removable = True
+        else:
+            table, column = info.get("table"), info.get("column")
+            if (
+                table is not None
+                and column is not None
+                and _column_exists(inspector, str(table), str(column))
+            ):
+                reason = (
+                    f"{table}.{column} still exists but no imported model declares it as "
+                    "SemanticText: kept (import the model, or pass models= to the index)"
+                )
+                removable = False
+            else:
+                reason = f"{table}.{column} is gone from the database (dropped or renamed)"
+                removable = True
+        found.append(Orphan(name, reason, index.store.count(name), removable))
+    if not dry_run:
+        for orphan in found:
+            if orphan.removable:
+                index.store.drop_collection(orphan.collection)
+    return found
+
+
+def _column_exists(inspector: Any, table: str, column: str) -> bool:
+    schema, _, name = table.rpartition(".")
+    if not inspector.has_table(name, schema=schema or None):
+        return False
+    return any(c["name"] == column for c in inspector.get_columns(name, schema=schema or None))

@@ -50,6 +50,7 @@ __all__ = [
     "Job",
     "claim",
     "enqueue",
+    "expedite",
     "include_in",
     "metadata",
     "outbox",
@@ -199,6 +200,18 @@ def requeue_dead(conn: Connection, table: str | None = None) -> int:
         stmt = stmt.where(outbox.c.table_name == table)
     result = conn.execute(stmt.values(dead=False, attempts=0, next_attempt_at=utcnow()))
     return int(result.rowcount)
+
+
+def expedite(conn: Connection, table: str, column: str) -> int:
+    """Make the pending jobs of one column due now (e.g. those held back by a drift error)."""
+    stmt = (
+        update(outbox)
+        .where(outbox.c.dead.is_(False))
+        .where(outbox.c.table_name == table)
+        .where(outbox.c.column_name == column)
+        .values(next_attempt_at=utcnow())
+    )
+    return int(conn.execute(stmt).rowcount)
 
 
 def counts(conn: Connection) -> dict[tuple[str, str], dict[str, Any]]:

@@ -38,9 +38,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Self, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import ColumnElement, inspect, select
 from sqlalchemy.orm import Mapper, Session
 
@@ -141,6 +144,7 @@ def semantic_search(
     score_threshold: float | None = None,
     chunks_per_row: int = 3,
     index: SemanticIndex | None = None,
+    query_vector: Sequence[float] | npt.NDArray[np.float32] | None = None,
 ) -> list[SearchHit[T]]:
     """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
 
@@ -159,6 +163,9 @@ def semantic_search(
             mode it bounds the BM25 score.
         chunks_per_row: In row mode, how many of a row's best chunks to keep in ``hit.chunks``.
         index: The index to use, instead of the one installed on the session.
+        query_vector: The column's embedding of ``query``, when it is already computed (e.g.
+            many queries encoded in one batch); it must come from the column's model, and
+            ``query`` still feeds keyword search and the ``searched`` signal.
 
     Returns:
         Hits, best first.
@@ -190,9 +197,20 @@ def semantic_search(
             " or pass index=..."
         )
     started = time.perf_counter()
-    idx.ensure_collection(col)  # refuses a collection built by another model, before querying
+    idx.ensure_collection(col, for_search=True)  # refuses another model's vectors
     collection = idx.collection_name(col)
-    vector = None if mode == "keyword" else idx.embedder_for(col).encode([query])[0]
+    vector: npt.NDArray[np.float32] | None = None
+    if mode != "keyword":
+        embedder = idx.embedder_for(col)
+        if query_vector is None:
+            vector = embedder.encode([query])[0]
+        else:
+            vector = np.asarray(query_vector, dtype=np.float32)
+            if vector.shape != (embedder.dimension,):
+                raise ConfigurationError(
+                    f"semantic_search query_vector for {col.label} must have shape "
+                    f"({embedder.dimension},) (model {embedder.name!r}), got {vector.shape}"
+                )
     sparse = None if mode == "dense" else keywords.query_vector(query)
     by_row = group_by == "row"
     want = offset + limit
@@ -363,6 +381,7 @@ class SemanticSearchMixin:
         score_threshold: float | None = None,
         chunks_per_row: int = 3,
         index: SemanticIndex | None = None,
+        query_vector: Sequence[float] | npt.NDArray[np.float32] | None = None,
     ) -> list[SearchHit[Self]]:
         """Find rows of this model by meaning; see :func:`semantic_search`."""
         return semantic_search(
@@ -378,4 +397,5 @@ class SemanticSearchMixin:
             score_threshold=score_threshold,
             chunks_per_row=chunks_per_row,
             index=index,
+            query_vector=query_vector,
         )

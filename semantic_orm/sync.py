@@ -444,27 +444,32 @@ class Syncer:
 
     # -- applying ---------------------------------------------------------------------------
 
-    def apply(self, ops: Sequence[SyncOp]) -> SyncReport:
+    def apply(self, ops: Sequence[SyncOp], *, into: str | None = None) -> SyncReport:
         """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs.
 
         A batch that fails with a permanent error is bisected, so one poison row fails alone.
+        ``into`` writes to another, already created collection (a rebuild) instead of each
+        column's own; point ids stay those of the column's collection, so they survive the
+        switch.
         """
         report = SyncReport()
         by_collection: dict[str, list[SyncOp]] = {}
         for op in ops:
             by_collection.setdefault(self.index.collection_name(op.column), []).append(op)
         for collection, group in by_collection.items():
-            self._apply_isolating(collection, group, report)
+            self._apply_isolating(collection, group, report, into)
         return report
 
-    def _apply_isolating(self, collection: str, ops: list[SyncOp], report: SyncReport) -> None:
+    def _apply_isolating(
+        self, collection: str, ops: list[SyncOp], report: SyncReport, into: str | None = None
+    ) -> None:
         try:
-            self._apply_collection(collection, ops, report)
+            self._apply_collection(collection, ops, report, into)
         except Exception as exc:
             if len(ops) > 1 and not is_transient(exc):
                 half = len(ops) // 2
-                self._apply_isolating(collection, ops[:half], report)
-                self._apply_isolating(collection, ops[half:], report)
+                self._apply_isolating(collection, ops[:half], report, into)
+                self._apply_isolating(collection, ops[half:], report, into)
                 return
             column = ops[0].column
             log.warning("semantic_orm: syncing %s failed: %s", column.label, exc)
@@ -474,13 +479,17 @@ class Syncer:
                 )
             report.failed.append((ops, exc))
 
-    def _apply_collection(self, collection: str, ops: list[SyncOp], report: SyncReport) -> None:
+    def _apply_collection(
+        self, collection: str, ops: list[SyncOp], report: SyncReport, into: str | None = None
+    ) -> None:
         column = ops[0].column
         model = column.model
         store = self.index.store
         embedder = self.index.embedder_for(column)
         chunker = self.index.chunker_for(column)
-        self.index.ensure_collection(column)
+        if into is None:
+            self.index.ensure_collection(column)
+        target = into or collection
         config = self.index.fingerprint(column)
 
         rows: list[tuple[str, list[Chunk]]] = []
@@ -500,7 +509,7 @@ class Syncer:
 
         # what the store already holds for these rows: vectors to reuse, payloads to compare
         live = [pk for pk, chunks in rows if chunks]
-        existing = store.existing(collection, live) if live else []
+        existing = store.existing(target, live) if live else []
         reusable: dict[tuple[str, str], Any] = {}
         current: dict[tuple[str, int], dict[str, Any]] = {}
         for point in existing:
@@ -563,9 +572,9 @@ class Syncer:
             report.embedded += len(texts)
         ready = [VectorPoint(pid, vec, payload, sparse) for pid, vec, payload, sparse in slots]
         if ready:
-            store.upsert(collection, ready)
+            store.upsert(target, ready)
             report.points += len(ready)
-        store.delete_rows(collection, [(pk, len(chunks)) for pk, chunks in rows])
+        store.delete_rows(target, [(pk, len(chunks)) for pk, chunks in rows])
         upserted = [pk for pk, chunks in rows if chunks]
         deleted = [pk for pk, chunks in rows if not chunks]
         report.upserted += len(upserted)

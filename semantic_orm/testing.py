@@ -157,6 +157,20 @@ class FlakyStore:
         self._check()
         self.inner.drop_collection(collection)
 
+    def collection_info(self, collection: str) -> dict[str, Any] | None:
+        """Forward (reads for assertions work even while down)."""
+        return self.inner.collection_info(collection)
+
+    def list_collections(self) -> list[str]:
+        """Forward unless down."""
+        self._check()
+        return self.inner.list_collections()
+
+    def replace_collection(self, collection: str, source: str) -> None:
+        """Forward unless down."""
+        self._check()
+        self.inner.replace_collection(collection, source)
+
     def close(self) -> None:
         """Close the wrapped store."""
         self.inner.close()

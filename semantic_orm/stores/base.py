@@ -174,6 +174,24 @@ class VectorStore(Protocol):
         """Delete the collection and its points, if it exists."""
         ...
 
+    def collection_info(self, collection: str) -> dict[str, Any] | None:
+        """The metadata recorded when the collection was created; ``None`` if it is missing."""
+        ...
+
+    def list_collections(self) -> list[str]:
+        """Names of the collections (as searched: aliases rather than what they point to)."""
+        ...
+
+    def replace_collection(self, collection: str, source: str) -> None:
+        """Make ``collection`` serve what ``source`` holds, atomically for searches.
+
+        ``source`` is a finished collection (e.g. a rebuild). Until the switch, ``collection``
+        keeps answering with its old points; after it, ``source`` no longer exists under its own
+        name and the old points are deleted. Qdrant servers switch an alias; Qdrant Edge swaps
+        directories.
+        """
+        ...
+
     def close(self) -> None:
         """Release connections and files."""
         ...

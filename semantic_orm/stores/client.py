@@ -38,7 +38,10 @@ from .base import (
     check_collection_matches,
 )
 
-__all__ = ["QdrantClientStore"]
+__all__ = ["INITIAL_SUFFIX", "QdrantClientStore"]
+
+INITIAL_SUFFIX = "__initial"
+"""A new collection ``name`` is created as ``name + INITIAL_SUFFIX`` behind the alias ``name``."""
 
 
 def _qc() -> Any:
@@ -121,12 +124,16 @@ class QdrantClientStore:
         if spec.name in self._known:
             return
         models = _qc().models
-        exists = self._call("collection_exists", self.client.collection_exists, spec.name)
-        if not exists:
+        if not self._exists(spec.name):
+            # a collection behind an alias of the searched name, so that a rebuild can later
+            # switch the alias atomically (replace_collection)
+            physical = spec.name + INITIAL_SUFFIX
+            if self._call("collection_exists", self.client.collection_exists, physical):
+                self._call("delete_collection", self.client.delete_collection, physical)
             self._call(
                 "create_collection",
                 self.client.create_collection,
-                spec.name,
+                physical,
                 vectors_config={
                     DENSE_VECTOR: models.VectorParams(
                         size=spec.dimension, distance=models.Distance.COSINE
@@ -143,10 +150,21 @@ class QdrantClientStore:
                 self._call(
                     "create_payload_index",
                     self.client.create_payload_index,
-                    spec.name,
+                    physical,
                     field_name="pk",
                     field_schema=models.PayloadSchemaType.KEYWORD,
                 )
+            self._call(
+                "update_collection_aliases",
+                self.client.update_collection_aliases,
+                change_aliases_operations=[
+                    models.CreateAliasOperation(
+                        create_alias=models.CreateAlias(
+                            collection_name=physical, alias_name=spec.name
+                        )
+                    )
+                ],
+            )
         else:
             info = self._call("get_collection", self.client.get_collection, spec.name)
             vectors = info.config.params.vectors
@@ -164,16 +182,83 @@ class QdrantClientStore:
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
         """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
-        if not self._call("collection_exists", self.client.collection_exists, collection):
+        if not self._exists(collection):
             return None
         info = self._call("get_collection", self.client.get_collection, collection)
         return dict(getattr(info.config, "metadata", None) or {})
 
     def drop_collection(self, collection: str) -> None:
-        """Delete the collection if it exists."""
+        """Delete the collection if it exists (an alias: the alias and its collection)."""
         self._known.discard(collection)
+        target = self._aliases().get(collection)
+        if target is not None:
+            models = _qc().models
+            self._call(
+                "update_collection_aliases",
+                self.client.update_collection_aliases,
+                change_aliases_operations=[
+                    models.DeleteAliasOperation(
+                        delete_alias=models.DeleteAlias(alias_name=collection)
+                    )
+                ],
+            )
+            collection = target
         if self._call("collection_exists", self.client.collection_exists, collection):
             self._call("delete_collection", self.client.delete_collection, collection)
+
+    def _aliases(self) -> dict[str, str]:
+        response = self._call("get_aliases", self.client.get_aliases)
+        return {a.alias_name: a.collection_name for a in response.aliases}
+
+    def list_collections(self) -> list[str]:
+        """Aliases, and the collections no alias points to."""
+        aliases = self._aliases()
+        response = self._call("get_collections", self.client.get_collections)
+        behind = set(aliases.values())
+        names = {c.name for c in response.collections if c.name not in behind}
+        return sorted(names | set(aliases))
+
+    def replace_collection(self, collection: str, source: str) -> None:
+        """Point the alias ``collection`` at ``source`` in one request, then drop the old one.
+
+        Qdrant applies a batch of alias changes atomically, so searches see the old collection
+        or the new one, never neither. A ``collection`` that is a real collection rather than an
+        alias (made by hand, or by another tool) is deleted just before the alias is created:
+        searches in that instant find it missing.
+        """
+        models = _qc().models
+        if not self._exists(source):
+            raise VectorStoreError(
+                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist"
+            )
+        aliases = self._aliases()
+        old = aliases.get(collection)
+        changes: list[Any] = []
+        self._known.discard(source)
+        target = aliases.get(source)
+        if target is not None:  # the rebuild is itself an alias: point at what it names
+            changes.append(
+                models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=source))
+            )
+            source = target
+        if old is not None:
+            changes.append(
+                models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=collection))
+            )
+        elif self._call("collection_exists", self.client.collection_exists, collection):
+            self._call("delete_collection", self.client.delete_collection, collection)
+        changes.append(
+            models.CreateAliasOperation(
+                create_alias=models.CreateAlias(collection_name=source, alias_name=collection)
+            )
+        )
+        self._call(
+            "update_collection_aliases",
+            self.client.update_collection_aliases,
+            change_aliases_operations=changes,
+        )
+        if old is not None and old != source:
+            self._call("delete_collection", self.client.delete_collection, old)
 
     # -- points -------------------------------------------------------------------------------
 
@@ -217,7 +302,9 @@ class QdrantClientStore:
     def _exists(self, collection: str) -> bool:
         if collection in self._known:
             return True
-        return bool(self._call("collection_exists", self.client.collection_exists, collection))
+        if self._call("collection_exists", self.client.collection_exists, collection):
+            return True
+        return collection in self._aliases()
 
     def search(
         self,

@@ -17,6 +17,9 @@ not fight over the lock. Run background workers in the same process, or use a Qd
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import os
 import re
@@ -50,6 +53,38 @@ _SHARD_DIR = "shard"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
+_EXP: dict = {"k": 60, "w": None, "pf": 1}
+
+
+def _PF(n):
+    return max(n, _EXP["pf"])
+
+
+def _parked(cdir: Path) -> Path:
+    """Where a non-atomic swap parks a collection's directory for a moment."""
+    return cdir.with_name(cdir.name + ".swap")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two directories: atomically with ``renameat2(RENAME_EXCHANGE)`` if available."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is not None:
+        rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(a), None, str(b))
+    parked = _parked(b)
+    b.rename(parked)
+    a.rename(b)
+    parked.rename(a)
+
+
 def _qe() -> Any:
     try:
         import qdrant_edge
@@ -69,6 +104,7 @@ class _OpenShard:
         self.meta = meta
         self.lock = threading.RLock()
         self.users = 0
+        self.closed = False
 
 
 _registry: dict[str, _OpenShard] = {}
@@ -110,7 +146,7 @@ class EdgeStore:
             raise VectorStoreError(f"{self!r} is closed")
         with self._lock:
             opened = self._mine.get(collection)
-            if opened is not None:
+            if opened is not None and not opened.closed:
                 return opened
         cdir = self._dir(collection)
         key = str(cdir)
@@ -119,6 +155,9 @@ class EdgeStore:
             opened = _registry.get(key)
             if opened is None:
                 meta_file = cdir / _META_FILE
+                parked = _parked(cdir)
+                if not cdir.exists() and (parked / _META_FILE).exists():
+                    parked.rename(cdir)  # a non-atomic swap stopped half-way: put it back
                 if meta_file.exists():
                     meta = json.loads(meta_file.read_text("utf-8"))
                     try:
@@ -189,10 +228,68 @@ class EdgeStore:
             if opened is not None:
                 with opened.lock:
                     opened.shard.close()
+                    opened.closed = True
         with self._lock:
             self._mine.pop(collection, None)
         if cdir.exists():
             shutil.rmtree(cdir)
+
+    def list_collections(self) -> list[str]:
+        """Names of the finished collections under ``path``."""
+        if not self.path.is_dir():
+            return []
+        return sorted(
+            d.name for d in self.path.iterdir() if d.is_dir() and (d / _META_FILE).exists()
+        )
+
+    def replace_collection(self, collection: str, source: str) -> None:
+        """Swap ``source``'s directory into ``collection``'s place, then delete the old one.
+
+        The two directories are exchanged with one ``renameat2(RENAME_EXCHANGE)`` call where the
+        kernel and file system support it (else three renames, repaired on the next open if
+        interrupted). Searches of this process wait on the shard's lock during the swap and
+        then read the new shard; none fails or sees a half-switched collection.
+        """
+        qe = _qe()
+        src_dir, dst_dir = self._dir(source), self._dir(collection)
+        if not (src_dir / _META_FILE).exists():
+            raise VectorStoreError(
+                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist"
+            )
+        with _registry_lock:
+            src = _registry.pop(str(src_dir), None)
+            if src is not None:
+                with src.lock:
+                    src.shard.close()
+                    src.closed = True
+            dst = _registry.get(str(dst_dir))
+            guard = dst.lock if dst is not None else contextlib.nullcontext()
+            with guard:
+                if dst is not None:
+                    dst.shard.close()
+                try:
+                    if (dst_dir / _META_FILE).exists():
+                        _exchange(src_dir, dst_dir)
+                    else:
+                        if dst_dir.exists():
+                            shutil.rmtree(dst_dir)  # an unfinished creation, never searched
+                        src_dir.rename(dst_dir)
+                finally:
+                    meta = json.loads((dst_dir / _META_FILE).read_text("utf-8"))
+                    try:
+                        shard = qe.EdgeShard.load(str(dst_dir / _SHARD_DIR))
+                    except Exception as exc:
+                        raise VectorStoreError(
+                            f"cannot open Qdrant Edge collection {collection!r} at {dst_dir}: {exc}"
+                        ) from exc
+                    if dst is not None:
+                        dst.shard, dst.meta, dst.dimension = shard, meta, int(meta["dimension"])
+                    else:
+                        _registry[str(dst_dir)] = _OpenShard(shard, int(meta["dimension"]), meta)
+        with self._lock:
+            self._mine.pop(source, None)
+        if src_dir.exists():
+            shutil.rmtree(src_dir, ignore_errors=True)  # the old collection, now switched out
 
     # -- points -------------------------------------------------------------------------------
 

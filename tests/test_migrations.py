@@ -2,27 +2,50 @@
 
 from __future__ import annotations
 
+import io
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Session as OrmSession
 
-from semantic_orm import SemanticText, outbox
+from semantic_orm import (
+    ConfigurationError,
+    SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
+    alembic_helpers,
+    outbox,
+)
+from semantic_orm.alembic_helpers import (
+    CreateSemanticIndexOp,
+    DropSemanticIndexOp,
+    compare_type,
+    register_operations,
+    render_item,
+)
+from semantic_orm.mapping import row_key, semantic_columns
+from semantic_orm.stores import VectorStore
+from semantic_orm.testing import HashEmbedder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from examples.knowledge_base import Base  # noqa: E402
-from migrations.render import compare_type, render_item  # noqa: E402
 
 ALEMBIC_INI = REPO_ROOT / "migrations" / "alembic.ini"
 
@@ -108,3 +131,380 @@ def test_autogenerate_renders_semantic_text(tmp_path: Path) -> None:
     assert "\nimport semantic_orm\n" in code
     assert "semantic_orm.SemanticText(chunk_size=300, overlap=60)" in code
     assert "op.create_table('knowledge_article'" in code
+
+
+# ---------------------------------------------------------------- semantic migration operations
+
+ANIMALS = [
+    "aardvark", "badger", "capybara", "dolphin", "echidna", "flamingo", "gazelle", "hedgehog",
+    "ibis", "jaguar", "kingfisher", "lemur", "marmot", "narwhal", "ocelot", "pangolin",
+    "quokka", "raccoon", "salamander", "tapir",
+]  # fmt: skip
+
+SCRIPT_ENV = """
+from alembic import context
+
+from semantic_orm.alembic_helpers import register_operations
+
+register_operations()
+config = context.config
+if context.is_offline_mode():
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        literal_binds=True,
+        output_buffer=config.attributes["output"],
+    )
+else:
+    context.configure(connection=config.attributes["connection"])
+with context.begin_transaction():
+    context.run_migrations()
+"""
+
+SCRIPT_A1 = f"""
+import sqlalchemy as sa
+from alembic import op
+
+from semantic_orm import outbox
+
+revision = "a1"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    outbox.metadata.create_all(op.get_bind())
+    memo = op.create_table(
+        "memo",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("title", sa.String(100), nullable=False),
+    )
+    op.bulk_insert(memo, [{{"id": i, "title": t}} for i, t in enumerate({ANIMALS!r}, 1)])
+
+
+def downgrade():
+    op.drop_table("memo")
+    outbox.metadata.drop_all(op.get_bind())
+"""
+
+SCRIPT_A2 = """
+import sqlalchemy as sa
+from alembic import op
+
+import semantic_orm
+
+revision = "a2"
+down_revision = "a1"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.add_column(
+        "memo",
+        sa.Column("body", semantic_orm.SemanticText(chunk_size=200, overlap=40), nullable=True),
+    )
+    op.execute("UPDATE memo SET body = 'Field notes on the ' || title || ', seen at dawn.'")
+    op.create_semantic_index("memo", "body")
+
+
+def downgrade():
+    op.drop_semantic_index("memo", "body")
+    op.drop_column("memo", "body")
+"""
+
+
+class MemoBase(DeclarativeBase):
+    pass
+
+
+class Memo(SemanticSearchMixin, MemoBase):
+    """The model as it is after revision a2."""
+
+    __tablename__ = "memo"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(sa.String(100))
+    body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=200, overlap=40))
+
+
+def memo_scripts(tmp_path: Path) -> Config:
+    """A throwaway Alembic environment: a1 creates ``memo`` (20 rows), a2 adds ``body``."""
+    root = tmp_path / "memo_migrations"
+    (root / "versions").mkdir(parents=True)
+    (root / "env.py").write_text(SCRIPT_ENV)
+    (root / "versions" / "a1_memo.py").write_text(SCRIPT_A1)
+    (root / "versions" / "a2_memo_body.py").write_text(SCRIPT_A2)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(root))
+    return cfg
+
+
+def memo_jobs(engine: Engine) -> list[tuple[str, str, str]]:
+    """``(table, column, pk)`` of every outbox job, sorted."""
+    with engine.connect() as conn:
+        table = outbox.outbox
+        rows = conn.execute(sa.select(table.c.table_name, table.c.column_name, table.c.row_pk))
+        return sorted((t, c, pk) for t, c, pk in rows)
+
+
+def operations_on(conn: Connection) -> Any:
+    """Alembic's ``op`` on ``conn``, semantic operations registered (at run time: ``Any``)."""
+    register_operations()
+    return Operations(MigrationContext.configure(conn))
+
+
+def make_memo_table(conn: Connection, *, with_outbox: bool = True) -> None:
+    """``memo`` as revision a2 leaves it (20 rows with bodies), optionally with the outbox."""
+    MemoBase.metadata.create_all(conn)
+    conn.execute(
+        sa.insert(Memo.__table__),
+        [{"id": i, "title": a, "body": f"About the {a}."} for i, a in enumerate(ANIMALS, 1)],
+    )
+    if with_outbox:
+        outbox.metadata.create_all(conn)
+
+
+ALL_MEMO_JOBS = sorted(("memo", "body", row_key((i,))) for i in range(1, len(ANIMALS) + 1))
+
+
+def test_register_operations_is_opt_in_and_repeat_safe() -> None:
+    """Importing registers nothing (and ``import semantic_orm`` needs no Alembic)."""
+    script = """
+import sys
+import semantic_orm
+print("alembic" in sys.modules)
+import semantic_orm.alembic_helpers as helpers
+from alembic.operations import Operations
+names = ("create_semantic_index", "reindex_semantic", "drop_semantic_index")
+print([hasattr(Operations, n) for n in names])
+helpers.register_operations()
+helpers.register_operations()
+from alembic import op
+print([hasattr(Operations, n) and callable(getattr(op, n)) for n in names])
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "False",
+        "[False, False, False]",
+        "[True, True, True]",
+    ]
+
+    register_operations()
+    method = Operations.create_semantic_index  # type: ignore[attr-defined]
+    register_operations()
+    assert Operations.create_semantic_index is method  # type: ignore[attr-defined]
+
+
+def test_operations_reverse_each_other() -> None:
+    create = CreateSemanticIndexOp("memo", "body", schema="app")
+    drop = create.reverse()
+    assert isinstance(drop, DropSemanticIndexOp)
+    assert (drop.table_name, drop.column_name, drop.schema) == ("memo", "body", "app")
+    back = drop.reverse()
+    assert isinstance(back, CreateSemanticIndexOp)
+    assert (back.table_name, back.column_name, back.schema) == ("memo", "body", "app")
+    assert drop.index_table == "app.memo"
+
+
+def test_adding_semantic_column_to_populated_table_then_draining_makes_rows_searchable(
+    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder, tmp_path: Path
+) -> None:
+    """Add a column, upgrade, drain the worker: every row is searchable."""
+    cfg = memo_scripts(tmp_path)
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "a1")
+        conn.commit()
+        assert memo_jobs(engine) == []  # nothing queued before the column exists
+        command.upgrade(cfg, "a2")
+        conn.commit()
+        assert MigrationContext.configure(conn).get_current_revision() == "a2"
+
+    assert memo_jobs(engine) == ALL_MEMO_JOBS  # one job per existing row
+    collection = semantic_columns(sa.inspect(Memo))[0].collection()
+    assert collection == "memo__body"
+    assert store.count(collection) == 0  # nothing was embedded during the migration
+    assert hash_embedder.calls == 0
+
+    idx = SemanticIndex(
+        store=store, embedder=hash_embedder, mode="deferred", models=[Memo], create_outbox=False
+    )
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    try:
+        report = idx.drain(engine, timeout=60)
+        assert report.done == len(ANIMALS) and report.dead == 0
+        assert memo_jobs(engine) == []
+        assert store.count(collection) == len(ANIMALS)  # one short chunk per row
+        with factory() as session:
+            for i, animal in enumerate(ANIMALS, 1):
+                for mode in ("keyword", "hybrid"):
+                    hits = Memo.semantic_search(session, animal, limit=1, mode=mode)
+                    assert [(h.obj.id, h.obj.title) for h in hits] == [(i, animal)], mode
+    finally:
+        idx.uninstall(factory)
+
+
+def test_downgrade_drops_the_columns_jobs_and_the_column(engine: Engine, tmp_path: Path) -> None:
+    cfg = memo_scripts(tmp_path)
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "a2")
+        outbox.enqueue(conn, [("memo", "title", "1"), ("other", "body", "1")])
+        table = outbox.outbox
+        conn.execute(sa.update(table).where(table.c.row_pk == row_key((3,))).values(dead=True))
+        conn.commit()
+        assert len(memo_jobs(engine)) == len(ANIMALS) + 2
+
+        command.downgrade(cfg, "a1")
+        conn.commit()
+        assert MigrationContext.configure(conn).get_current_revision() == "a1"
+        assert {c["name"] for c in sa.inspect(conn).get_columns("memo")} == {"id", "title"}
+        # the dead job went too; other columns' jobs stay
+        assert memo_jobs(engine) == [("memo", "title", "1"), ("other", "body", "1")]
+
+        command.upgrade(cfg, "a2")  # and up again
+        conn.commit()
+    assert len(memo_jobs(engine)) == len(ANIMALS) + 2
+
+
+def test_reindex_semantic_queues_every_row(engine: Engine) -> None:
+    with engine.connect() as conn:
+        make_memo_table(conn)
+        outbox.enqueue(conn, [("memo", "body", row_key((1,)))])  # already pending: still queued
+        queued = operations_on(conn).reindex_semantic("memo", "body")
+        conn.commit()
+    assert queued == len(ANIMALS)
+    assert memo_jobs(engine) == sorted([*ALL_MEMO_JOBS, ("memo", "body", row_key((1,)))])
+
+
+def test_drop_semantic_index_removes_only_that_columns_jobs(engine: Engine) -> None:
+    with engine.connect() as conn:
+        make_memo_table(conn)
+        ops = operations_on(conn)
+        ops.create_semantic_index("memo", "body")
+        outbox.enqueue(conn, [("memo", "title", "1"), ("other", "body", "1")])
+        table = outbox.outbox
+        conn.execute(sa.update(table).where(table.c.row_pk == row_key((5,))).values(dead=True))
+        ops.drop_semantic_index("memo", "body")
+        conn.commit()
+    assert memo_jobs(engine) == [("memo", "title", "1"), ("other", "body", "1")]
+
+
+def test_drop_semantic_index_without_outbox_does_nothing(engine: Engine) -> None:
+    with engine.connect() as conn:
+        make_memo_table(conn, with_outbox=False)
+        operations_on(conn).drop_semantic_index("memo", "body")
+        assert not sa.inspect(conn).has_table(outbox.OUTBOX_TABLE)
+
+
+def test_create_semantic_index_needs_the_outbox_and_the_column(engine: Engine) -> None:
+    with engine.connect() as conn:
+        make_memo_table(conn, with_outbox=False)
+        ops = operations_on(conn)
+        with pytest.raises(ConfigurationError, match="no semantic_orm_outbox table"):
+            ops.create_semantic_index("memo", "body")
+        outbox.metadata.create_all(conn)
+        with pytest.raises(ConfigurationError, match="'memo' has no column 'summary'"):
+            ops.create_semantic_index("memo", "summary")
+        assert conn.execute(sa.select(outbox.outbox.c.id)).all() == []
+
+
+class PassageBase(DeclarativeBase):
+    pass
+
+
+class Passage(PassageBase):
+    """A composite key declared in another order than the columns."""
+
+    __tablename__ = "passage"
+    __table_args__ = (sa.PrimaryKeyConstraint("lang", "doc_id"),)
+
+    doc_id: Mapped[int] = mapped_column()
+    lang: Mapped[str] = mapped_column(sa.String(8))
+    body: Mapped[str | None] = mapped_column(SemanticText())
+
+
+def test_create_semantic_index_keys_rows_like_the_mapper(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Composite keys follow the primary key's order; pages of keys cover every row once."""
+    monkeypatch.setattr(alembic_helpers, "BATCH_SIZE", 5)
+    rows = [
+        {"doc_id": d, "lang": lang, "body": "x"}
+        for d in (1, 2, 3, 10)
+        for lang in ("de", "en", "fr")
+    ]
+    with engine.connect() as conn:
+        PassageBase.metadata.create_all(conn)
+        outbox.metadata.create_all(conn)
+        conn.execute(sa.insert(Passage.__table__), rows)
+        queued = operations_on(conn).create_semantic_index("passage", "body")
+        conn.commit()
+    with OrmSession(engine) as session:  # the keys the mapper gives the same rows
+        expected = sorted(
+            ("passage", "body", row_key(sa.inspect(obj).identity))
+            for obj in session.scalars(sa.select(Passage))
+        )
+    assert ("passage", "body", '["de", 1]') in expected  # (lang, doc_id): the key's order
+    assert queued == len(rows)
+    assert memo_jobs(engine) == expected
+
+
+def test_offline_mode(tmp_path: Path) -> None:
+    """``--sql``: queueing rows needs a database, so it refuses; the drop emits its DELETE."""
+    cfg = memo_scripts(tmp_path)
+    cfg.set_main_option("sqlalchemy.url", "sqlite://")
+    cfg.attributes["output"] = io.StringIO()
+    with pytest.raises(ConfigurationError, match="offline"):
+        command.upgrade(cfg, "a1:a2", sql=True)
+
+    cfg.attributes["output"] = out = io.StringIO()
+    command.downgrade(cfg, "a2:a1", sql=True)
+    sql = " ".join(out.getvalue().split())
+    assert (
+        "DELETE FROM semantic_orm_outbox WHERE semantic_orm_outbox.table_name = 'memo' "
+        "AND semantic_orm_outbox.column_name = 'body'"
+    ) in sql
+    assert sql.index("DELETE FROM semantic_orm_outbox") < sql.index("DROP COLUMN body")
+
+
+class AppMemoBase(DeclarativeBase):
+    metadata = sa.MetaData(schema="app")
+
+
+class AppMemo(AppMemoBase):
+    __tablename__ = "memo"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    body: Mapped[str | None] = mapped_column(SemanticText())
+
+
+@pytest.mark.postgres
+def test_schema_qualified_table(postgresql_url: sa.URL) -> None:
+    """Jobs name a table in a schema as the index does: ``schema.table``."""
+    engine = sa.create_engine(postgresql_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("CREATE SCHEMA app"))
+            AppMemoBase.metadata.create_all(conn)
+            outbox.metadata.create_all(conn)
+            conn.execute(
+                sa.insert(AppMemo.__table__), [{"id": 1, "body": "a"}, {"id": 2, "body": None}]
+            )
+            ops = operations_on(conn)
+            ops.create_semantic_index("memo", "body", schema="app")
+            conn.commit()
+            table = semantic_columns(sa.inspect(AppMemo))[0].table
+            assert table == "app.memo"
+            assert memo_jobs(engine) == [(table, "body", "1"), (table, "body", "2")]
+            ops.drop_semantic_index("memo", "body", schema="app")
+            conn.commit()
+        assert memo_jobs(engine) == []
+    finally:
+        engine.dispose()

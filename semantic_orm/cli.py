@@ -141,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ):
                 what = f"switched {rep.collection!r} to it" if rep.switched else "not switched yet"
                 print(
-                    f"{rep.column}: rebuilt {rep.rows} rows in {rep.built_in!r} ({rep.embedded} chunks "
-                    f"embedded, {rep.reused} reused); {what}"
+                    f"{rep.column}: rebuilt {rep.rows} rows in {rep.built_in!r} "
+                    f"({rep.embedded} chunks embedded, {rep.reused} reused); {what}"
                 )
                 if rep.failed:
                     print(f"  rows that could not be indexed: {', '.join(rep.failed)}")

@@ -53,13 +53,6 @@ _SHARD_DIR = "shard"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
-_EXP: dict = {"k": 60, "w": None, "pf": 1}
-
-
-def _PF(n):
-    return max(n, _EXP["pf"])
-
-
 def _parked(cdir: Path) -> Path:
     """Where a non-atomic swap parks a collection's directory for a moment."""
     return cdir.with_name(cdir.name + ".swap")

@@ -268,7 +268,7 @@ def evaluate(
     vectors: list[Any] = [None] * len(items)
     if mode != "keyword":
         # encode the questions in batches, not one at a time (two searches share each vector)
-        idx = index or index_for(session)
+        idx = index or (index_for(session) if isinstance(session, Session) else None)
         if idx is not None:
             col = _pick_column(inspect(model), column)
             embedder = idx.embedder_for(col)

@@ -135,9 +135,9 @@ def test_switching_models_on_an_existing_collection_is_refused(
         s.commit()  # the commit stands; the sync is refused
     with engine.connect() as conn:
         (error,) = conn.execute(select(outbox.outbox.c.last_error)).scalars()
-    assert error.startswith("CollectionMismatchError")
-    assert "384-dimensional vectors from model 'sentence-transformers/all-MiniLM-L6-v2'" in error
-    assert "64-dimensional vectors from model 'hash-64'" in error
+    assert error.startswith("EmbeddingDriftError")  # a CollectionMismatchError
+    assert "model: 'sentence-transformers/all-MiniLM-L6-v2' -> 'hash-64'" in error
+    assert "dimension: 384 -> 64" in error and "--rebuild" in error
     with factory() as s:
         with pytest.raises(CollectionMismatchError):
             Article.semantic_search(s, "bread")

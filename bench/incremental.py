@@ -108,7 +108,7 @@ def main() -> int:
         index.close()
         print(
             f"document: {title!r}, {len(paragraphs)} paragraphs, "
-            f"{sum(map(len, paragraphs)):,} characters, {total} chunks (1000 / 200)"
+            f"{sum(map(len, paragraphs)):,} characters, {total} chunks (SemanticText() defaults)"
         )
         print(f"{'':26}{'chunks embedded':>18}{'seconds':>10}")
         print(f"{'edit one paragraph':26}{after_edit:>18}{t_edit:>10.2f}")

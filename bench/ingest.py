@@ -49,6 +49,7 @@ from semantic_orm import (
     SemanticText,
     SentenceTransformerEmbedder,
 )
+from semantic_orm.column import DEFAULT_CHUNK_SIZE, DEFAULT_OVERLAP
 from semantic_orm.stores import point_id
 
 DEFAULT_SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "scifact"
@@ -60,7 +61,7 @@ class Base(DeclarativeBase):
 
 
 class Doc(SemanticSearchMixin, Base):
-    """The ORM side: a SemanticText column with the default settings (1000 / 200)."""
+    """The ORM side: a SemanticText column with the default settings (900 / 180)."""
 
     __tablename__ = "doc"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -166,7 +167,7 @@ def main() -> int:
         orm_factory = sessionmaker(engine, expire_on_commit=False)
         index.install(orm_factory)
         raw_factory = sessionmaker(engine, expire_on_commit=False)
-        chunker = RecursiveChunker(1000, 200)
+        chunker = RecursiveChunker(DEFAULT_CHUNK_SIZE, DEFAULT_OVERLAP)
         shard = qe.EdgeShard.create(
             str(work / "raw_shard"),
             qe.EdgeConfig(

@@ -9,18 +9,22 @@ Datasets (``/work/shared/datasets/`` by default, see its README):
 * **BEIR SciFact test split**: 5,183 abstracts (``title`` + blank line + ``text``) as rows, 300
   queries; nDCG@10 and Recall@10 over the row ranking with BEIR's definitions (graded qrels).
 
-Configurations: semantic_orm (``SemanticText(chunk_size=900, overlap=180)``, Qdrant Edge,
-SQLite, inline sync) searched in each mode (``hybrid``, ``dense``, ``keyword``), and the peer
-baseline: LangChain ``RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200,
-add_start_index=True)`` + raw sentence-transformers (the same all-MiniLM-L6-v2) + numpy cosine
-over all chunks (SciFact: a document scores as its best chunk).
+Configurations: semantic_orm's default, ``SemanticText()`` with no argument (recursive chunker,
+900/180; Qdrant Edge, SQLite, inline sync), searched in each mode (``hybrid``, ``dense``,
+``keyword``); other chunkers (``--alt``, default ``sentence:900:180,hybrid:900:180``) in the
+default search mode; and the peer baseline: LangChain
+``RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200, add_start_index=True)`` +
+raw sentence-transformers (the same all-MiniLM-L6-v2) + numpy cosine over all chunks (SciFact: a
+document scores as its best chunk). The peer encodes its queries in one batch, as ``evaluate``
+does for ours.
 
 Ingest time is wall time to get the corpus searchable (ORM: ``add_all`` + ``commit`` in batches,
 which chunks, embeds and upserts; peer: split + encode). On 2 shared CPU cores embedding SciFact
 takes about 10 minutes per pipeline; ``--questions N`` and ``--docs N`` make quick runs
 (``--docs N`` keeps every abstract some selected query needs, plus the first N others).
 
-    python bench/retrieval.py [--questions 1000] [--docs N] [--skip-scifact]
+    python bench/retrieval.py [--questions 1000] [--docs N] [--skip-scifact] [--alt ""]
+      [--alt-scifact]
 
 The last line is one JSON object: {"squad_recall_at_5", "squad_mrr_at_5",
 "squad_mean_chunk_chars", "peer_squad_recall_at_5", "peer_squad_mean_chunk_chars",
@@ -60,13 +64,11 @@ from semantic_orm.search import DEFAULT_MODE, SEARCH_MODES
 
 DATASETS = Path(os.environ.get("SEMANTIC_ORM_DATASETS", "/work/shared/datasets"))
 PEER_CHUNK, PEER_OVERLAP = 1000, 200
-CHUNK, OVERLAP = 900, 180
-"""Ours: a little smaller than the peer's setting, because LangChain's chunks come out shorter
-than its chunk_size (it drops the separators it cuts at), and the comparison is at equal or
-smaller mean chunk length."""
 
 
-def make_model(name: str) -> Any:
+def make_model(name: str, settings: dict[str, Any] | None = None) -> Any:
+    """A model whose body is ``SemanticText(**settings)`` (no settings: the library default)."""
+
     class Base(DeclarativeBase):
         pass
 
@@ -74,9 +76,24 @@ def make_model(name: str) -> Any:
         __tablename__ = name
         id: Mapped[int] = mapped_column(primary_key=True)
         title: Mapped[str] = mapped_column(String(500))
-        body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=CHUNK, overlap=OVERLAP))
+        body: Mapped[str | None] = mapped_column(SemanticText(**(settings or {})))
 
     return Doc
+
+
+def describe(settings: dict[str, Any] | None) -> str:
+    """``recursive 900/180``: the chunker a model's column uses."""
+    column = SemanticText(**(settings or {}))
+    return f"{column.chunker} {column.chunk_size}/{column.overlap}"
+
+
+def parse_alt(spec: str) -> list[dict[str, Any]]:
+    """``sentence:900:180,hybrid:900:180`` -> SemanticText settings."""
+    out = []
+    for part in filter(None, spec.split(",")):
+        name, size, overlap = part.split(":")
+        out.append({"chunker": name, "chunk_size": int(size), "overlap": int(overlap)})
+    return out
 
 
 # ------------------------------------------------------------------------------------ data
@@ -167,8 +184,14 @@ def recall_at_10(ranked: Sequence[str], rel: dict[str, int]) -> float:
 class Ours:
     """semantic_orm through its public API: model, index, sessions, semantic_search."""
 
-    def __init__(self, name: str, embedder: SentenceTransformerEmbedder, workdir: Path) -> None:
-        self.model = make_model(name)
+    def __init__(
+        self,
+        name: str,
+        embedder: SentenceTransformerEmbedder,
+        workdir: Path,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = make_model(name, settings)
         self.engine = create_engine(f"sqlite:///{workdir / (name + '.sqlite3')}")
         self.model.metadata.create_all(self.engine)
         self.index = SemanticIndex(store=EdgeStore(workdir / "vectors"), embedder=embedder)
@@ -226,8 +249,12 @@ class Peer:
     def mean_chunk(self) -> float:
         return sum(e - s for s, e in self.spans) / max(1, len(self.spans))
 
-    def rank(self, query: str) -> list[int]:
-        q = self.st.encode([query], normalize_embeddings=True, convert_to_numpy=True)[0]
+    def encode_queries(self, queries: Sequence[str]) -> Any:
+        return self.st.encode(
+            list(queries), batch_size=256, normalize_embeddings=True, convert_to_numpy=True
+        )
+
+    def rank(self, q: Any) -> list[int]:
         scores = self.matrix @ q
         return list(np.argsort(-scores, kind="stable"))
 
@@ -241,41 +268,45 @@ def run_squad(
     docs, gold = load_squad(args.squad, args.questions, args.articles)
     print(f"SQuAD: {len(docs)} documents, {len(gold)} questions", file=sys.stderr)
     out: dict[str, Any] = {"rows": []}
-    ours = Ours("squad_doc", embedder, work)
-    ingest = ours.ingest([(pk, t, b) for pk, (t, b) in enumerate(docs, 1)], batch=4)
-    chunks, mean = ours.chunk_stats()
-    with ours.factory() as s:
-        for mode in SEARCH_MODES:
-            started = time.perf_counter()
-            report = evaluate(s, ours.model, gold, k=5, mode=mode)
-            took = time.perf_counter() - started
-            out["rows"].append(
-                (
-                    "squad",
-                    f"semantic_orm {mode}",
-                    report.recall_span,
-                    report.mrr,
-                    chunks,
-                    mean,
-                    ingest,
-                    took,
+    rows = [(pk, t, b) for pk, (t, b) in enumerate(docs, 1)]
+    for n, settings in enumerate([None, *parse_alt(args.alt)]):
+        ours = Ours(f"squad_doc{n}", embedder, work, settings)
+        ingest = ours.ingest(rows, batch=4)
+        chunks, mean = ours.chunk_stats()
+        label = "default " if settings is None else ""
+        with ours.factory() as s:
+            for mode in SEARCH_MODES if settings is None else (DEFAULT_MODE,):
+                started = time.perf_counter()
+                report = evaluate(s, ours.model, gold, k=5, mode=mode)
+                took = time.perf_counter() - started
+                out["rows"].append(
+                    (
+                        "squad",
+                        f"{label}{describe(settings)} {mode}",
+                        report.recall_span,
+                        report.mrr,
+                        chunks,
+                        mean,
+                        ingest,
+                        took,
+                    )
                 )
-            )
-            if mode == DEFAULT_MODE:
-                out.update(
-                    squad_recall_at_5=report.recall_span,
-                    squad_mrr_at_5=report.mrr,
-                    squad_mean_chunk_chars=mean,
-                )
-    ours.close()
+                if settings is None and mode == DEFAULT_MODE:
+                    out.update(
+                        squad_recall_at_5=report.recall_span,
+                        squad_mrr_at_5=report.mrr,
+                        squad_mean_chunk_chars=mean,
+                    )
+        ours.close()
     peer = Peer(embedder.model)
     ingest = peer.ingest([(pk, body) for pk, (_, body) in enumerate(docs, 1)])
     hits = 0
     rr = 0.0
     started = time.perf_counter()
-    for g in gold:
+    vectors = peer.encode_queries([g["question"] for g in gold])
+    for g, q in zip(gold, vectors, strict=True):
         s0, e0 = g["span"]
-        for rank, i in enumerate(peer.rank(g["question"])[:5], 1):
+        for rank, i in enumerate(peer.rank(q)[:5], 1):
             start, end = peer.spans[i]
             if peer.owner[i] == g["pk"] and start <= s0 and e0 <= end:
                 hits += 1
@@ -307,39 +338,55 @@ def run_scifact(
     out: dict[str, Any] = {"rows": []}
     ids = {doc_id: pk for pk, (doc_id, _, _) in enumerate(corpus, 1)}
     back = {pk: doc_id for doc_id, pk in ids.items()}
-    ours = Ours("scifact_doc", embedder, work)
-    ingest = ours.ingest([(ids[d], t, b) for d, t, b in corpus], batch=50)
-    chunks, mean = ours.chunk_stats()
-    with ours.factory() as s:
-        for mode in SEARCH_MODES:
-            started = time.perf_counter()
-            nd, rc = [], []
-            for qid, text in queries.items():
-                hits = ours.model.semantic_search(s, text, limit=10, mode=mode)
-                ranked = [back[h.obj.id] for h in hits]
-                nd.append(ndcg_at_10(ranked, qrels[qid]))
-                rc.append(recall_at_10(ranked, qrels[qid]))
-            took = time.perf_counter() - started
-            ndcg, recall = sum(nd) / len(nd), sum(rc) / len(rc)
-            out["rows"].append(
-                ("scifact", f"semantic_orm {mode}", ndcg, recall, chunks, mean, ingest, took)
-            )
-            if mode == DEFAULT_MODE:
-                out["scifact_ndcg_at_10"] = ndcg
-    ours.close()
+    vectors = dict(zip(queries, embedder.encode(list(queries.values())), strict=True))
+    configs = [None, *(parse_alt(args.alt) if args.alt_scifact else [])]
+    for n, settings in enumerate(configs):
+        ours = Ours(f"scifact_doc{n}", embedder, work, settings)
+        ingest = ours.ingest([(ids[d], t, b) for d, t, b in corpus], batch=50)
+        chunks, mean = ours.chunk_stats()
+        label = "default " if settings is None else ""
+        with ours.factory() as s:
+            for mode in SEARCH_MODES if settings is None else (DEFAULT_MODE,):
+                started = time.perf_counter()
+                nd, rc = [], []
+                for qid, text in queries.items():
+                    hits = ours.model.semantic_search(
+                        s, text, limit=10, mode=mode, query_vector=vectors[qid]
+                    )
+                    ranked = [back[h.obj.id] for h in hits]
+                    nd.append(ndcg_at_10(ranked, qrels[qid]))
+                    rc.append(recall_at_10(ranked, qrels[qid]))
+                took = time.perf_counter() - started
+                ndcg, recall = sum(nd) / len(nd), sum(rc) / len(rc)
+                out["rows"].append(
+                    (
+                        "scifact",
+                        f"{label}{describe(settings)} {mode}",
+                        ndcg,
+                        recall,
+                        chunks,
+                        mean,
+                        ingest,
+                        took,
+                    )
+                )
+                if settings is None and mode == DEFAULT_MODE:
+                    out["scifact_ndcg_at_10"] = ndcg
+        ours.close()
     peer = Peer(embedder.model)
     ingest = peer.ingest([(d, b) for d, _, b in corpus])
     started = time.perf_counter()
     nd, rc = [], []
-    for qid, text in queries.items():
-        ranked: list[str] = []
-        for i in peer.rank(text):
-            if peer.owner[i] not in ranked:
-                ranked.append(peer.owner[i])
-            if len(ranked) == 10:
+    peer_vectors = peer.encode_queries(list(queries.values()))
+    for (qid, _), q in zip(queries.items(), peer_vectors, strict=True):
+        docs_ranked: list[str] = []
+        for i in peer.rank(q):
+            if peer.owner[i] not in docs_ranked:
+                docs_ranked.append(peer.owner[i])
+            if len(docs_ranked) == 10:
                 break
-        nd.append(ndcg_at_10(ranked, qrels[qid]))
-        rc.append(recall_at_10(ranked, qrels[qid]))
+        nd.append(ndcg_at_10(docs_ranked, qrels[qid]))
+        rc.append(recall_at_10(docs_ranked, qrels[qid]))
     took = time.perf_counter() - started
     ndcg = sum(nd) / len(nd)
     out["rows"].append(
@@ -368,6 +415,14 @@ def main() -> None:
     )
     parser.add_argument("--articles", type=int, default=None, help="SQuAD articles (all: 48)")
     parser.add_argument("--skip-scifact", action="store_true")
+    parser.add_argument(
+        "--alt",
+        default="sentence:900:180,hybrid:900:180",
+        help="other chunkers to compare, chunker:size:overlap,... ('' for none)",
+    )
+    parser.add_argument(
+        "--alt-scifact", action="store_true", help="also run the --alt chunkers on SciFact"
+    )
     args = parser.parse_args()
     embedder = SentenceTransformerEmbedder()
     summary: dict[str, Any] = {}
@@ -382,13 +437,13 @@ def main() -> None:
             rows += scifact.pop("rows")
             summary.update(scifact)
     print(
-        f"{'dataset':8} {'configuration':28} {'metric 1':>9} {'metric 2':>9} {'chunks':>7} "
+        f"{'dataset':8} {'configuration':34} {'metric 1':>9} {'metric 2':>9} {'chunks':>7} "
         f"{'mean ch':>8} {'ingest s':>9} {'query s':>8}"
     )
     print("  (squad: span Recall@5, MRR@5; scifact: nDCG@10, Recall@10)")
     for dataset, config, m1, m2, chunks, mean, ingest, took in rows:
         print(
-            f"{dataset:8} {config:28} {m1:>9.3f} {m2:>9.3f} {chunks:>7} {mean:>8.0f} "
+            f"{dataset:8} {config:34} {m1:>9.3f} {m2:>9.3f} {chunks:>7} {mean:>8.0f} "
             f"{ingest:>9.1f} {took:>8.1f}"
         )
     keys = [

@@ -28,8 +28,10 @@ from .exc import ConfigurationError, SemanticTypeError, SemanticValueError
 
 __all__ = ["SemanticText", "check_semantic_value"]
 
-DEFAULT_CHUNK_SIZE = 1000
-DEFAULT_OVERLAP = 200
+DEFAULT_CHUNK_SIZE = 900
+DEFAULT_OVERLAP = 180
+"""The defaults measured best by ``bench/retrieval.py`` (SQuAD span Recall@5 and MRR@5 with a mean
+chunk no longer than LangChain's 1000/200, SciFact nDCG@10), with all-MiniLM-L6-v2."""
 
 
 class SemanticText(TypeDecorator[str]):

@@ -56,8 +56,8 @@ Fitting the model window
 ------------------------
 Sizes are in characters, but models read tokens. :func:`fit_to_window` splits any chunk with
 too many tokens further, at token boundaries mapped back to exact character offsets. For the
-default model (all-MiniLM-L6-v2, 254 content tokens) the default ``chunk_size=1000`` leaves
-0.43 % of English chunks over the window (French needs ~700 characters, CJK always needs the
+default model (all-MiniLM-L6-v2, 254 content tokens) ``SemanticText()``'s ``chunk_size=900``
+leaves 0.14 % of English chunks over the window (French needs ~700 characters, CJK always needs the
 second split); see :mod:`.fit` for the measurements.
 
 Package layout

@@ -30,9 +30,9 @@ the rows: English has about 4.85 characters per MiniLM token, French 2.96 (accen
 stripped, but the English vocabulary cuts French words into pieces), and Chinese 1.02: every
 Han character is a token of its own (most of them ``[UNK]``; the model is English-only).
 
-**Recommendation for the default model: keep ``chunk_size=1000`` (overlap 200).** It already
-meets the "almost no chunk needs a second split" target on English (0.43 %, under 1 %);
-smaller chunks would only multiply vectors, and ``900`` buys headroom if wanted (0.14 %). Text that
+**For the default model, ``SemanticText()`` uses ``chunk_size=900`` (overlap 180).** It meets
+the "almost no chunk needs a second split" target on English (0.14 %; 1000 would give 0.43 %),
+and it measured best for retrieval in ``bench/retrieval.py``; smaller chunks multiply vectors. Text that
 is mostly French or another European language needs about ``chunk_size=700`` (254 tokens ×
 2.96 ≈ 750 characters). No character budget fits Chinese or Japanese short of ~250 characters:
 run :func:`fit_to_window` (or use a multilingual model) for CJK.

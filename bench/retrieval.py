@@ -9,10 +9,11 @@ Datasets (``/work/shared/datasets/`` by default, see its README):
 * **BEIR SciFact test split**: 5,183 abstracts (``title`` + blank line + ``text``) as rows, 300
   queries; nDCG@10 and Recall@10 over the row ranking with BEIR's definitions (graded qrels).
 
-Configurations: semantic_orm's default, ``SemanticText()`` with no argument (recursive chunker,
+Configurations: semantic_orm's default, ``SemanticText()`` with no argument (hybrid chunker,
 900/180; Qdrant Edge, SQLite, inline sync), searched in each mode (``hybrid``, ``dense``,
-``keyword``); other chunkers (``--alt``, default ``sentence:900:180,hybrid:900:180``) in the
-default search mode; and the peer baseline: LangChain
+``keyword``); other chunkers (``--alt``, default ``recursive:900:180,sentence:900:180``;
+``--alt-scifact``, default ``recursive:900:180``) in the default search mode; and the peer
+baseline: LangChain
 ``RecursiveCharacterTextSplitter(chunk_size=1000, chunk_overlap=200, add_start_index=True)`` +
 raw sentence-transformers (the same all-MiniLM-L6-v2) + numpy cosine over all chunks (SciFact: a
 document scores as its best chunk). The peer encodes its queries in one batch, as ``evaluate``
@@ -24,7 +25,7 @@ takes about 10 minutes per pipeline; ``--questions N`` and ``--docs N`` make qui
 (``--docs N`` keeps every abstract some selected query needs, plus the first N others).
 
     python bench/retrieval.py [--questions 1000] [--docs N] [--skip-scifact] [--alt ""]
-      [--alt-scifact]
+      [--alt-scifact ""]
 
 The last line is one JSON object: {"squad_recall_at_5", "squad_mrr_at_5",
 "squad_mean_chunk_chars", "peer_squad_recall_at_5", "peer_squad_mean_chunk_chars",
@@ -339,7 +340,7 @@ def run_scifact(
     ids = {doc_id: pk for pk, (doc_id, _, _) in enumerate(corpus, 1)}
     back = {pk: doc_id for doc_id, pk in ids.items()}
     vectors = dict(zip(queries, embedder.encode(list(queries.values())), strict=True))
-    configs = [None, *(parse_alt(args.alt) if args.alt_scifact else [])]
+    configs = [None, *parse_alt(args.alt_scifact)]
     for n, settings in enumerate(configs):
         ours = Ours(f"scifact_doc{n}", embedder, work, settings)
         ingest = ours.ingest([(ids[d], t, b) for d, t, b in corpus], batch=50)
@@ -417,11 +418,13 @@ def main() -> None:
     parser.add_argument("--skip-scifact", action="store_true")
     parser.add_argument(
         "--alt",
-        default="sentence:900:180,hybrid:900:180",
+        default="recursive:900:180,sentence:900:180",
         help="other chunkers to compare, chunker:size:overlap,... ('' for none)",
     )
     parser.add_argument(
-        "--alt-scifact", action="store_true", help="also run the --alt chunkers on SciFact"
+        "--alt-scifact",
+        default="recursive:900:180",
+        help="other chunkers to compare on SciFact ('' for none)",
     )
     args = parser.parse_args()
     embedder = SentenceTransformerEmbedder()

@@ -28,17 +28,20 @@ from .exc import ConfigurationError, SemanticTypeError, SemanticValueError
 
 __all__ = ["SemanticText", "check_semantic_value"]
 
+DEFAULT_CHUNKER = "hybrid"
 DEFAULT_CHUNK_SIZE = 900
 DEFAULT_OVERLAP = 180
-"""The defaults measured best by ``bench/retrieval.py`` (SQuAD span Recall@5 and MRR@5 with a mean
-chunk no longer than LangChain's 1000/200, SciFact nDCG@10), with all-MiniLM-L6-v2."""
+"""The defaults measured best by ``bench/retrieval.py`` with all-MiniLM-L6-v2: SQuAD span Recall@5
+and MRR@5 at a mean chunk no longer than LangChain's 1000/200, and SciFact nDCG@10 (see the
+README's benchmark table)."""
 
 
 class SemanticText(TypeDecorator[str]):
     """A ``TEXT`` column whose value is chunked, embedded and indexed for semantic search.
 
     Args:
-        chunker: Name of a registered chunking strategy (``"recursive"`` by default).
+        chunker: Name of a registered chunking strategy (``"hybrid"`` by default: paragraphs
+            kept whole where they fit, sections never crossed; see :mod:`semantic_orm.chunking`).
         chunk_size: Largest chunk, in characters (Unicode code points).
         overlap: Characters shared by consecutive chunks.
         model: Embedding model name or path for this column; ``None`` uses the index's default.
@@ -54,7 +57,7 @@ class SemanticText(TypeDecorator[str]):
 
     def __init__(
         self,
-        chunker: str = "recursive",
+        chunker: str = DEFAULT_CHUNKER,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         overlap: int = DEFAULT_OVERLAP,
         model: str | None = None,
@@ -106,7 +109,7 @@ class SemanticText(TypeDecorator[str]):
 
     def __repr__(self) -> str:
         defaults: dict[str, Any] = {
-            "chunker": "recursive",
+            "chunker": DEFAULT_CHUNKER,
             "chunk_size": DEFAULT_CHUNK_SIZE,
             "overlap": DEFAULT_OVERLAP,
             "model": None,

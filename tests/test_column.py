@@ -13,7 +13,7 @@ def test_is_text_in_sql_and_cacheable() -> None:
     t = SemanticText()
     assert isinstance(t.impl, Text)
     assert SemanticText.cache_ok is True
-    assert t.chunker == "recursive" and t.chunk_size == 900 and t.overlap == 180
+    assert t.chunker == "hybrid" and t.chunk_size == 900 and t.overlap == 180
 
 
 def test_repr_keeps_non_default_settings() -> None:

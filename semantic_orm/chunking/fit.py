@@ -31,11 +31,12 @@ stripped, but the English vocabulary cuts French words into pieces), and Chinese
 Han character is a token of its own (most of them ``[UNK]``; the model is English-only).
 
 **For the default model, ``SemanticText()`` uses ``chunk_size=900`` (overlap 180).** It meets
-the "almost no chunk needs a second split" target on English (0.14 %; 1000 would give 0.43 %),
-and it measured best for retrieval in ``bench/retrieval.py``; smaller chunks multiply vectors. Text that
-is mostly French or another European language needs about ``chunk_size=700`` (254 tokens ×
-2.96 ≈ 750 characters). No character budget fits Chinese or Japanese short of ~250 characters:
-run :func:`fit_to_window` (or use a multilingual model) for CJK.
+the "almost no chunk needs a second split" target on English (0.14 % of recursive chunks; 1000
+would give 0.43 %), and it measured best for retrieval in ``bench/retrieval.py``; smaller chunks
+multiply vectors. Text that is mostly French or another European language needs about
+``chunk_size=700`` (254 tokens × 2.96 ≈ 750 characters). No character budget fits Chinese or
+Japanese short of ~250 characters: run :func:`fit_to_window` (or use a multilingual model) for
+CJK.
 
 The second split
 ----------------

@@ -130,6 +130,26 @@ def test_clear_errors_for_bad_calls(Session: sessionmaker[OrmSession], engine: A
             Article.semantic_search(s, "anything")
 
 
+def test_a_precomputed_query_vector_gives_the_same_ranking(
+    Session: sessionmaker[OrmSession], index: SemanticIndex
+) -> None:
+    with Session() as s:
+        seed(s)
+        embedder = index.embedder
+        vector = embedder.encode(["salted water for pasta"])[0]
+        for mode in ("dense", "hybrid"):
+            plain = Article.semantic_search(s, "salted water for pasta", limit=3, mode=mode)
+            given = Article.semantic_search(
+                s, "salted water for pasta", limit=3, mode=mode, query_vector=vector
+            )
+            assert [(h.obj.id, h.score) for h in given] == [(h.obj.id, h.score) for h in plain]
+        calls = getattr(embedder, "calls", None)
+        Article.semantic_search(s, "pasta", query_vector=list(vector))  # a plain list works too
+        assert getattr(embedder, "calls", None) == calls  # the query was not encoded again
+        with pytest.raises(ConfigurationError, match=r"query_vector for Article.content .*\(64,\)"):
+            Article.semantic_search(s, "pasta", query_vector=vector[:10])
+
+
 def test_search_before_anything_was_saved_is_empty(Session: sessionmaker[OrmSession]) -> None:
     with Session() as s:
         assert Article.semantic_search(s, "nothing yet") == []

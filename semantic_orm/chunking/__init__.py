@@ -33,7 +33,7 @@ Three strategies are registered by name, so a column picks one with
 overlap=100)``. All share the guarantees above, are deterministic and run in time linear in
 the document length.
 
-``"recursive"`` (:class:`RecursiveChunker`, the default)
+``"recursive"`` (:class:`RecursiveChunker`, the default of :func:`get_chunker`)
     LangChain-style separator hierarchy (paragraph, line, sentence, word, grapheme) walked
     with a cursor: the fastest, and a good fit for arbitrary text. Overlap starts at the
     earliest paragraph/line/sentence/word start within ``overlap`` characters.
@@ -42,7 +42,7 @@ the document length.
     terminators without spaces, closing quotes kept), then greedy packing of whole
     sentences; overlap is made of whole trailing sentences. Chunks end at real sentence ends,
     which matters most for Chinese and Japanese. See :mod:`.sentence`.
-``"hybrid"`` (:class:`HybridChunker`)
+``"hybrid"`` (:class:`HybridChunker`, the default of ``SemanticText()``)
     Sections (headings such as ``# …``, ``第N回``, ``Chapter …``), then paragraphs, then
     sentence windows only inside over-long paragraphs; chunks never cross a section and carry
     ``section``/``section_index``/``paragraph``/``segment`` metadata. Optional boilerplate

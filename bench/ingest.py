@@ -6,8 +6,8 @@ hits both alike:
 
 * ingest - ORM: ``session.add_all(rows); session.commit()`` with a ``SemanticIndex`` installed
   (chunk, embed, upsert and stale-point pruning happen on commit). Raw: the same rows committed
-  by a plain session, then ``RecursiveChunker.chunk``, ``SentenceTransformer.encode`` and a direct
-  Qdrant Edge ``upsert_points``.
+  by a plain session, then the column's default chunker, ``SentenceTransformer.encode`` and a
+  direct Qdrant Edge ``upsert_points``.
 * search - ``Model.semantic_search(session, q, limit=5, mode="dense")`` against a raw Edge
   dense query plus one primary-key ``SELECT``, over an index of at least 20,000 chunks (the
   same work by hand; hybrid mode adds a keyword prefetch and fusion, see bench/retrieval.py).
@@ -42,14 +42,13 @@ from sqlalchemy import String, Text, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from semantic_orm import (
+    Chunker,
     EdgeStore,
-    RecursiveChunker,
     SemanticIndex,
     SemanticSearchMixin,
     SemanticText,
     SentenceTransformerEmbedder,
 )
-from semantic_orm.column import DEFAULT_CHUNK_SIZE, DEFAULT_OVERLAP
 from semantic_orm.stores import point_id
 
 DEFAULT_SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "scifact"
@@ -61,7 +60,7 @@ class Base(DeclarativeBase):
 
 
 class Doc(SemanticSearchMixin, Base):
-    """The ORM side: a SemanticText column with the default settings (900 / 180)."""
+    """The ORM side: a SemanticText column with the default settings (hybrid, 900 / 180)."""
 
     __tablename__ = "doc"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -107,7 +106,7 @@ def raw_ingest(
     shard: Any,
     qe: Any,
     model: Any,
-    chunker: RecursiveChunker,
+    chunker: Chunker,
     batch: list[tuple[str, str]],
 ) -> int:
     with factory() as s:
@@ -167,7 +166,7 @@ def main() -> int:
         orm_factory = sessionmaker(engine, expire_on_commit=False)
         index.install(orm_factory)
         raw_factory = sessionmaker(engine, expire_on_commit=False)
-        chunker = RecursiveChunker(DEFAULT_CHUNK_SIZE, DEFAULT_OVERLAP)
+        chunker = SemanticText().make_chunker()  # the column default, as the ORM side uses
         shard = qe.EdgeShard.create(
             str(work / "raw_shard"),
             qe.EdgeConfig(

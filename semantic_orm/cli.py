@@ -104,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd.add_argument("--batch", type=int, default=None)
         if name == "gc":
             cmd.add_argument("--dry-run", action="store_true", help="list, do not drop")
+            cmd.add_argument(
+                "--force",
+                action="store_true",
+                help="allow an empty collection prefix on a Qdrant server",
+            )
             cmd.add_argument("--json", action="store_true")
         if name == "status":
             cmd.add_argument("--json", action="store_true")
@@ -153,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"queued and processed {n} rows of {model.__name__}")
         elif args.command == "gc":
-            found = gc(index, engine, dry_run=args.dry_run)
+            found = gc(index, engine, dry_run=args.dry_run, force=args.force)
             if args.json:
                 print(json.dumps([o.as_dict() for o in found], indent=2))
             elif not found:

@@ -284,10 +284,20 @@ class SemanticIndex:
     ) -> EmbeddingDriftError:
         listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
         model = column.model
+        if {"model", "dimension"} & set(changes):
+            meanwhile = (
+                "Searching it with the new model would compare unrelated vectors, so searches and "
+                "writes are refused. Rebuild it (a deployment still on the old settings can serve "
+                "searches meanwhile)"
+            )
+        else:
+            meanwhile = (
+                "Searches still use it (same model); writes wait in the outbox. Rebuild it "
+                "(searches keep using the current collection until the switch)"
+            )
         return EmbeddingDriftError(
             f"{column.label} has changed since its collection {name!r} was built ({listed}). "
-            "Its vectors no longer match the column. Rebuild the collection; searches keep using "
-            "the current one until the switch: semantic-orm reindex MODULE:index "
+            f"{meanwhile}: semantic-orm reindex MODULE:index "
             f"{model.__module__}:{model.__qualname__} --rebuild (or "
             f"semantic_orm.maintenance.rebuild(index, {model.__qualname__})). To keep the old "
             "vectors instead, restore the previous settings.",

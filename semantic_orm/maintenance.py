@@ -29,6 +29,7 @@ from . import outbox
 from .exc import CollectionMismatchError, ConfigurationError, SyncError
 from .index import SemanticIndex, drift
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
+from .stores.edge import EdgeStore
 from .sync import SyncOp, is_transient
 
 __all__ = [
@@ -301,17 +302,18 @@ def rebuild(
         )
     engine = index.engine_for(bind)
     stream = None if progress is False else (sys.stderr if progress is True else progress)
-    with engine.connect() as conn:
-        keys = [
-            row_key(tuple(row))
-            for row in conn.execute(select(*mapper.primary_key).order_by(*mapper.primary_key))
-        ]
+    keys = _table_keys(engine, columns[0])
     reports: list[RebuildReport] = []
     for col in columns:
         index.register_column(col)
         live = index.collection_name(col)
+        index.store.collection_info(live)  # Qdrant Edge: fails now if another process holds it
         target = rebuild_name(index, col)
         spec = dataclasses.replace(index.spec_for(col), name=target)
+        left = index.store.collection_info(target)
+        if left is not None and drift(left, spec):
+            # not a build for these settings (e.g. the old collection a crash left behind)
+            index.store.drop_collection(target)
         try:
             index.store.ensure_collection(spec)
         except CollectionMismatchError:  # left by another attempt under the same name
@@ -339,24 +341,59 @@ def rebuild(
         if bar:
             bar.close()
         if switch:
-            index.store.replace_collection(live, target)
-            index.forget_collection(col)
-            log.info("semantic_orm: %s now searches %s (rebuilt)", col.label, live)
+            _switch(index, engine, col, live, target)
         reports.append(
             RebuildReport(
                 col.label, live, target, len(keys), embedded, reused, tuple(failed), switch
             )
         )
-    if switch:
-        # writes committed while the rebuild read the table went to the old collection (or
-        # waited, refused by the drift check): sync every row again, through the outbox so that
-        # workers' row locks apply; unchanged chunks are compared, not embedded
+    return reports
+
+
+def _table_keys(engine: Engine, column: SemanticColumn) -> list[str]:
+    """Every row key of ``column``'s table, in primary-key order."""
+    pk = column.mapper.primary_key
+    with engine.connect() as conn:
+        return [row_key(tuple(row)) for row in conn.execute(select(*pk).order_by(*pk))]
+
+
+def _queue(engine: Engine, index: SemanticIndex, column: SemanticColumn, keys: list[str]) -> None:
+    """Queue one job per key for ``column``, committed in batches."""
+    for start in range(0, len(keys), 1000):
         with engine.begin() as conn:
             index.ensure_outbox(conn)
-            for col in columns:
-                outbox.expedite(conn, col.table, col.column.name)
-        reindex(index, model, engine, all_rows=True, batch_size=max(batch_size, 500))
-    return reports
+            part = keys[start : start + 1000]
+            outbox.enqueue(conn, [(column.table, column.column.name, k) for k in part])
+
+
+def _switch(
+    index: SemanticIndex, engine: Engine, col: SemanticColumn, live: str, target: str
+) -> None:
+    """Switch ``live`` to the finished ``target``, then reconcile writes made meanwhile.
+
+    Writes committed while the rebuild read the table went to the old collection (or waited,
+    refused by the drift check), and rows deleted meanwhile may still be in the new one. Every
+    row, and every key the new collection holds that the table no longer has, is queued before
+    the switch (so a crash right after it still converges) and processed after it, through the
+    outbox so that workers' row locks apply. Unchanged chunks are compared, not embedded.
+    """
+    keys = _table_keys(engine, col)
+    have = set(keys)
+    gone = sorted({str(p.payload["pk"]) for p in index.store.points(target)} - have)
+    if gone:
+        index.store.delete_rows(target, [(pk, 0) for pk in gone])
+    _queue(engine, index, col, keys + gone)
+    index.store.replace_collection(live, target)
+    index.forget_collection(col)
+    log.info("semantic_orm: %s now searches %s (rebuilt)", col.label, live)
+    with engine.begin() as conn:
+        outbox.expedite(conn, col.table, col.column.name)  # jobs held back by the drift check
+    # rows deleted or written between the checks above and the switch
+    keys = _table_keys(engine, col)
+    gone = sorted({str(p.payload["pk"]) for p in index.store.points(live)} - set(keys))
+    _queue(engine, index, col, keys + gone)
+    while index.process(engine, limit=500).claimed:
+        pass
 
 
 # -- garbage collection -------------------------------------------------------------------------
@@ -386,6 +423,7 @@ def gc(
     bind: Engine | sessionmaker[Any] | None = None,
     *,
     dry_run: bool = False,
+    force: bool = False,
 ) -> list[Orphan]:
     """Find (and unless ``dry_run``, drop) collections that no semantic column uses any more.
 
@@ -399,18 +437,28 @@ def gc(
         index: The application's index; it must know the models (``models=``).
         bind: Engine or sessionmaker of the database.
         dry_run: Only list.
+        force: Allow an empty ``collection_prefix`` on a Qdrant server (shared servers hold
+            other applications' collections too; Qdrant Edge directories are the app's own).
 
     Returns:
         What was found, removable or not.
 
     Raises:
-        ConfigurationError: The index knows no semantic column (its models are not imported).
+        ConfigurationError: The index knows no semantic column (its models are not imported),
+            or the prefix is empty on a Qdrant server and ``force`` is false.
     """
     columns = index.columns()
     if not columns:
         raise ConfigurationError(
             "the index knows no SemanticText column, so every collection would look orphaned; "
             "pass models= to SemanticIndex (or import the models) before gc"
+        )
+    if not index.collection_prefix and not force and not isinstance(index.store, EdgeStore):
+        raise ConfigurationError(
+            "gc on a Qdrant server with an empty collection_prefix would also see other "
+            "applications' collections (any whose table is not in this database looks "
+            "orphaned): set SemanticIndex(collection_prefix=...), or pass force=True (--force) "
+            "if this server holds only this application's collections"
         )
     engine = index.engine_for(bind)
     known = {index.collection_name(c): c for c in columns}
@@ -423,7 +471,10 @@ def gc(
         if "layout" not in info:
             continue  # not made by semantic_orm
         base, mark, digest = name.rpartition(REBUILD_MARK)
-        if mark and base in known:
+        if name.endswith(".swap"):
+            reason = "left by an interrupted directory swap"
+            removable = True
+        elif mark and base in known:
             col = known[base]
             if digest == index.fingerprint(col)[:12]:
                 continue  # a rebuild for the declared settings: resumable, keep it

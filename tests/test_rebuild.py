@@ -20,7 +20,10 @@ from sqlalchemy import Engine, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from semantic_orm import (
+    ConfigurationError,
+    EdgeStore,
     EmbeddingDriftError,
+    QdrantClientStore,
     SemanticIndex,
     SemanticSearchMixin,
     SemanticText,
@@ -73,6 +76,23 @@ def setup_app(
     return idx, factory
 
 
+def physical(store: VectorStore) -> set[str]:
+    """Every collection the store really holds, including those behind aliases."""
+    if isinstance(store, QdrantClientStore):
+        return {c.name for c in store.client.get_collections().collections}
+    assert isinstance(store, EdgeStore)
+    return {d.name for d in store.path.iterdir()}
+
+
+def wait_for_search(searcher: Searcher) -> None:
+    """Block until the searcher finishes one more search."""
+    seen = searcher.done
+    deadline = time.monotonic() + 5
+    while searcher.done == seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert searcher.done > seen, "the searcher stalled"
+
+
 class Searcher(threading.Thread):
     """Searches in a loop; records every exception and every wrong top hit."""
 
@@ -123,7 +143,11 @@ ROWS = 12
 
 
 def test_chunk_size_change_is_detected_then_rebuilt_while_searches_run(
-    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder, caplog: Any
+    engine: Engine,
+    store: VectorStore,
+    hash_embedder: HashEmbedder,
+    caplog: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     old_model = make_model(chunk_size=200)
     old_idx, old_factory = setup_app(engine, store, old_model, hash_embedder, ROWS)
@@ -155,12 +179,23 @@ def test_chunk_size_change_is_detected_then_rebuilt_while_searches_run(
     searcher = Searcher(factory, new_model, ROWS)
     searcher.start()
     spy = ProgressSpy(searcher)
+    switch = store.replace_collection
+    around: list[int] = []
+
+    def switch_between_searches(collection: str, source: str) -> None:
+        wait_for_search(searcher)  # a search just before the switch...
+        switch(collection, source)
+        wait_for_search(searcher)  # ...and one just after, from the new collection
+        around.append(searcher.done)
+
+    monkeypatch.setattr(store, "replace_collection", switch_between_searches)
     try:
         (report,) = rebuild(idx, new_model, engine, batch_size=3, progress=spy)
     finally:
         searcher.finish()
     assert searcher.failures == []
-    assert spy.during >= 4  # searches ran during every batch of the rebuild, then the switch
+    assert spy.during >= 4  # searches ran during every batch of the rebuild
+    assert len(around) == 1 and searcher.done > around[0]  # and around and after the switch
     assert report.switched and report.rows == ROWS and report.failed == ()
     assert report.built_in == rebuild_name(idx, idx.columns()[0])
 
@@ -183,7 +218,8 @@ def test_chunk_size_change_is_detected_then_rebuilt_while_searches_run(
         s.get(new_model, 4).body = "sirocco " + doc_text(4)
         s.commit()
         assert new_model.semantic_search(s, "sirocco", limit=1, mode="keyword")[0].obj.id == 4
-    assert not [c for c in idx.store.list_collections() if REBUILD_MARK in c]
+    assert idx.store.list_collections() == ["doc__body"]
+    assert len(physical(store)) == 1  # the old collection is gone, and no build is left
 
 
 def test_model_change_is_refused_then_rebuilt_and_resumed(
@@ -230,15 +266,20 @@ def test_model_change_is_refused_then_rebuilt_and_resumed(
     # the old collection still serves the old model until the switch
     assert new_idx.store.collection_info("doc__body")["dimension"] == 64  # type: ignore[index]
 
+    with old_factory() as s:  # the old deployment still writes before the switch
+        s.delete(s.get(model, 0))
+        s.commit()
     (second,) = rebuild(new_idx, model, engine, batch_size=4)
     assert second.switched and second.embedded == 0  # resumed: nothing left to embed
+    assert new_idx.store.points("doc__body", "0") == []  # the row deleted meanwhile is gone
     assert new_idx.store.collection_info("doc__body")["dimension"] == 32  # type: ignore[index]
     new_idx.install(new_factory)
     try:
         with new_factory() as s:
-            for i in range(ROWS):
+            for i in range(1, ROWS):
                 hits = model.semantic_search(s, WORDS[i], limit=1, mode="hybrid")
                 assert hits[0].obj.id == i
+            assert all(h.obj.id != 0 for h in model.semantic_search(s, WORDS[0], limit=ROWS))
     finally:
         new_idx.uninstall(new_factory)
         old_idx.uninstall(old_factory)
@@ -277,7 +318,7 @@ def test_gc_lists_then_drops_collections_of_dropped_columns(
     stale_idx = SemanticIndex(store=store, embedder=hash_embedder)
     rebuild(stale_idx, stale, engine, switch=False)
 
-    found = {o.collection: o for o in gc(idx, engine, dry_run=True)}
+    found = {o.collection: o for o in gc(idx, engine, dry_run=True, force=True)}
     assert set(found) == {
         "legacy__text",
         "kept__text",
@@ -289,12 +330,16 @@ def test_gc_lists_then_drops_collections_of_dropped_columns(
     names = set(store.list_collections())
     assert set(found) <= names  # a dry run drops nothing
 
-    gc(idx, engine)
+    if isinstance(store, QdrantClientStore):  # a shared server needs a prefix, or force
+        with pytest.raises(ConfigurationError, match="collection_prefix"):
+            gc(idx, engine)
+    gc(idx, engine, force=True)
     names = set(store.list_collections())
     assert "legacy__text" not in names and "kept__text" in names
     assert not [n for n in names if REBUILD_MARK in n]
     assert "doc__body" in names and store.count("doc__body") > 0
-    assert gc(idx, engine, dry_run=True)[0].collection == "kept__text"
+    assert gc(idx, engine, dry_run=True, force=True)[0].collection == "kept__text"
+    assert not [n for n in physical(store) if n.startswith("legacy__text")]
 
 
 def test_gc_refuses_an_index_that_knows_no_model(
@@ -302,7 +347,7 @@ def test_gc_refuses_an_index_that_knows_no_model(
 ) -> None:
     idx = SemanticIndex(store=store, embedder=hash_embedder)
     with pytest.raises(Exception, match="knows no SemanticText column"):
-        gc(idx, engine, dry_run=True)
+        gc(idx, engine, dry_run=True, force=True)
 
 
 def test_cli_rebuild_and_gc(
@@ -344,3 +389,38 @@ def test_cli_rebuild_and_gc(
     finally:
         app.index.close()
         app.engine.dispose()
+
+
+HOLDER = """
+import sys, time
+from semantic_orm import EdgeStore
+from semantic_orm.stores.base import CollectionSpec
+store = EdgeStore(sys.argv[1])
+store.ensure_collection(CollectionSpec("live", 4, "m"))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_edge_refuses_to_switch_a_collection_another_process_holds(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from semantic_orm import VectorStoreError
+    from semantic_orm.stores.base import CollectionSpec
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        store = EdgeStore(tmp_path)
+        store.ensure_collection(CollectionSpec("build", 4, "m"))
+        with pytest.raises(VectorStoreError, match="one process at a time"):
+            store.replace_collection("live", "build")
+        assert (tmp_path / "live" / "semantic_orm.json").exists()  # untouched
+        assert store.list_collections() == ["build", "live"]
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -129,7 +129,11 @@ class QdrantClientStore:
             # switch the alias atomically (replace_collection)
             physical = spec.name + INITIAL_SUFFIX
             if self._call("collection_exists", self.client.collection_exists, physical):
-                self._call("delete_collection", self.client.delete_collection, physical)
+                # another process created it and is about to add the alias (or stopped short of
+                # it): keep it, points and all, and add the alias if still missing
+                self._alias(spec.name, physical)
+                self.ensure_collection(spec)  # and check it like any existing collection
+                return
             self._call(
                 "create_collection",
                 self.client.create_collection,
@@ -154,17 +158,7 @@ class QdrantClientStore:
                     field_name="pk",
                     field_schema=models.PayloadSchemaType.KEYWORD,
                 )
-            self._call(
-                "update_collection_aliases",
-                self.client.update_collection_aliases,
-                change_aliases_operations=[
-                    models.CreateAliasOperation(
-                        create_alias=models.CreateAlias(
-                            collection_name=physical, alias_name=spec.name
-                        )
-                    )
-                ],
-            )
+            self._alias(spec.name, physical)
         else:
             info = self._call("get_collection", self.client.get_collection, spec.name)
             vectors = info.config.params.vectors
@@ -205,6 +199,27 @@ class QdrantClientStore:
             collection = target
         if self._call("collection_exists", self.client.collection_exists, collection):
             self._call("delete_collection", self.client.delete_collection, collection)
+
+    def _alias(self, alias: str, collection: str) -> None:
+        """Create ``alias`` for ``collection`` unless some process already did."""
+        models = _qc().models
+        if self._aliases().get(alias) == collection:
+            return
+        try:
+            self.client.update_collection_aliases(
+                change_aliases_operations=[
+                    models.CreateAliasOperation(
+                        create_alias=models.CreateAlias(
+                            collection_name=collection, alias_name=alias
+                        )
+                    )
+                ]
+            )
+        except Exception as exc:
+            if self._aliases().get(alias) != collection:  # not a lost race: a real failure
+                raise VectorStoreError(
+                    f"Qdrant update_collection_aliases failed on {self!r}: {exc}"
+                ) from exc
 
     def _aliases(self) -> dict[str, str]:
         response = self._call("get_aliases", self.client.get_aliases)

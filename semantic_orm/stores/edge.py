@@ -78,6 +78,29 @@ def _exchange(a: Path, b: Path) -> None:
     parked.rename(a)
 
 
+def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenShard:
+    """(Re)load the shard in ``cdir`` into ``opened`` (or a new registry entry); registry locked.
+
+    If loading fails, ``opened`` is marked closed and forgotten, so the next use reopens it.
+    """
+    key = str(cdir)
+    try:
+        meta = json.loads((cdir / _META_FILE).read_text("utf-8"))
+        shard = _qe().EdgeShard.load(str(cdir / _SHARD_DIR))
+    except Exception as exc:
+        if opened is not None:
+            opened.closed = True
+            _registry.pop(key, None)
+        raise VectorStoreError(
+            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc}"
+        ) from exc
+    if opened is None:
+        opened = _registry[key] = _OpenShard(shard, int(meta["dimension"]), meta)
+    else:
+        opened.shard, opened.meta, opened.dimension = shard, meta, int(meta["dimension"])
+    return opened
+
+
 def _qe() -> Any:
     try:
         import qdrant_edge
@@ -242,13 +265,26 @@ class EdgeStore:
         kernel and file system support it (else three renames, repaired on the next open if
         interrupted). Searches of this process wait on the shard's lock during the swap and
         then read the new shard; none fails or sees a half-switched collection.
+
+        Raises:
+            VectorStoreError: ``source`` does not exist, or another process has ``collection``
+                open (an Edge shard belongs to one process: switch inside that process, or stop
+                it first).
         """
-        qe = _qe()
         src_dir, dst_dir = self._dir(source), self._dir(collection)
         if not (src_dir / _META_FILE).exists():
             raise VectorStoreError(
                 f"cannot switch {collection!r} to {source!r}: {source!r} does not exist"
             )
+        if (dst_dir / _META_FILE).exists():
+            try:
+                self._require(collection)  # holding it here proves no other process does
+            except VectorStoreError as exc:
+                raise VectorStoreError(
+                    f"cannot switch Qdrant Edge collection {collection!r}: {exc}. A shard is used "
+                    "by one process at a time: run the rebuild inside the application's process "
+                    "(semantic_orm.maintenance.rebuild), or stop the application first"
+                ) from exc
         with _registry_lock:
             src = _registry.pop(str(src_dir), None)
             if src is not None:
@@ -267,22 +303,19 @@ class EdgeStore:
                         if dst_dir.exists():
                             shutil.rmtree(dst_dir)  # an unfinished creation, never searched
                         src_dir.rename(dst_dir)
-                finally:
-                    meta = json.loads((dst_dir / _META_FILE).read_text("utf-8"))
-                    try:
-                        shard = qe.EdgeShard.load(str(dst_dir / _SHARD_DIR))
-                    except Exception as exc:
-                        raise VectorStoreError(
-                            f"cannot open Qdrant Edge collection {collection!r} at {dst_dir}: {exc}"
-                        ) from exc
+                except BaseException:
+                    parked = _parked(dst_dir)
+                    if not dst_dir.exists() and parked.exists():
+                        parked.rename(dst_dir)  # undo a half-done fallback swap
                     if dst is not None:
-                        dst.shard, dst.meta, dst.dimension = shard, meta, int(meta["dimension"])
-                    else:
-                        _registry[str(dst_dir)] = _OpenShard(shard, int(meta["dimension"]), meta)
+                        _load_into(dst, collection, dst_dir)
+                    raise
+                _load_into(dst, collection, dst_dir)
         with self._lock:
             self._mine.pop(source, None)
-        if src_dir.exists():
-            shutil.rmtree(src_dir, ignore_errors=True)  # the old collection, now switched out
+        if src_dir.exists():  # the old collection, switched out: no longer a collection, then gone
+            (src_dir / _META_FILE).unlink(missing_ok=True)
+            shutil.rmtree(src_dir, ignore_errors=True)
 
     # -- points -------------------------------------------------------------------------------
 

@@ -167,9 +167,11 @@ class ReindexSemanticOp(_SemanticColumnOp):
     ) -> int:
         """Queue every row of ``column_name`` to be re-embedded after the migration.
 
-        Use it after changing a column's chunk settings (``SemanticText(chunk_size=...)``) or its
-        model. The sync compares a per-chunk fingerprint of model and chunker, so chunks that
-        come out unchanged keep their vectors. Same queueing as ``create_semantic_index``.
+        Use it after a migration changed the column's text with SQL (``op.execute("UPDATE
+        ...")`` bypasses the ORM, so no sync job is written). Chunks that come out unchanged keep
+        their vectors. A changed model or chunk setting is not re-embedded in place: that is
+        ``semantic-orm reindex ... --rebuild`` (a new collection, then a switch). Same queueing as
+        ``create_semantic_index``.
 
         Args:
             operations: Alembic's operations object (given by ``op``).

@@ -18,7 +18,6 @@ import datetime as dt
 import logging
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -28,9 +27,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from . import outbox
 from .exc import CollectionMismatchError, ConfigurationError, SyncError
 from .index import SemanticIndex, drift
-from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
+from .mapping import SemanticColumn, row_key, semantic_columns
 from .stores.edge import EdgeStore
-from .sync import SyncOp, is_transient
+from .sync import SyncOp, is_transient, read_values
 
 __all__ = [
     "REBUILD_MARK",
@@ -118,11 +117,8 @@ def reindex(
     stream = None if progress is False else (sys.stderr if progress is True else progress)
     with engine.begin() as conn:
         index.ensure_outbox(conn)
-        # read every key first: on SQLite an open read cursor would block the job writes
-        keys = [
-            row_key(tuple(row))
-            for row in conn.execute(select(*mapper.primary_key).order_by(*mapper.primary_key))
-        ]
+    # read every key first: on SQLite an open read cursor would block the job writes
+    keys = _table_keys(engine, columns[0])
     for col in columns:
         have = set() if all_rows else _indexed_keys(index, col)
         bar = Progress(len(keys), f"queue {col.label}", stream) if stream else None
@@ -243,17 +239,6 @@ class RebuildReport:
     switched: bool
 
 
-def _read_values(
-    engine: Engine, column: SemanticColumn, keys: Sequence[str]
-) -> dict[str, str | None]:
-    mapper = column.mapper
-    values: dict[str, str | None] = {}
-    with Session(engine) as session:
-        for obj in session.scalars(select(mapper).where(pk_in(mapper, list(keys)))):
-            values[row_key(mapper.primary_key_from_instance(obj))] = getattr(obj, column.key)
-    return values
-
-
 def rebuild(
     index: SemanticIndex,
     model: type[Any],
@@ -324,7 +309,8 @@ def rebuild(
         bar = Progress(len(keys), f"rebuild {col.label}", stream) if stream else None
         for start in range(0, len(keys), batch_size):
             part = keys[start : start + batch_size]
-            values = _read_values(engine, col, part)
+            with Session(engine) as session:
+                values = read_values(session, col, part)
             ops = [SyncOp(col, pk, values.get(pk)) for pk in part]
             report = index.syncer.apply(ops, into=target)
             for group, error in report.failed:
@@ -357,6 +343,11 @@ def _table_keys(engine: Engine, column: SemanticColumn) -> list[str]:
         return [row_key(tuple(row)) for row in conn.execute(select(*pk).order_by(*pk))]
 
 
+def _stray_keys(index: SemanticIndex, collection: str, keys: list[str]) -> list[str]:
+    """Row keys ``collection`` holds points for that are not in ``keys`` (rows deleted since)."""
+    return sorted({str(p.payload["pk"]) for p in index.store.points(collection)} - set(keys))
+
+
 def _queue(engine: Engine, index: SemanticIndex, column: SemanticColumn, keys: list[str]) -> None:
     """Queue one job per key for ``column``, committed in batches."""
     for start in range(0, len(keys), 1000):
@@ -378,8 +369,7 @@ def _switch(
     outbox so that workers' row locks apply. Unchanged chunks are compared, not embedded.
     """
     keys = _table_keys(engine, col)
-    have = set(keys)
-    gone = sorted({str(p.payload["pk"]) for p in index.store.points(target)} - have)
+    gone = _stray_keys(index, target, keys)
     if gone:
         index.store.delete_rows(target, [(pk, 0) for pk in gone])
     _queue(engine, index, col, keys + gone)
@@ -390,8 +380,7 @@ def _switch(
         outbox.expedite(conn, col.table, col.column.name)  # jobs held back by the drift check
     # rows deleted or written between the checks above and the switch
     keys = _table_keys(engine, col)
-    gone = sorted({str(p.payload["pk"]) for p in index.store.points(live)} - set(keys))
-    _queue(engine, index, col, keys + gone)
+    _queue(engine, index, col, keys + _stray_keys(index, live, keys))
     while index.process(engine, limit=500).claimed:
         pass
 

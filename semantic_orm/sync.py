@@ -414,15 +414,7 @@ class Syncer:
                 if col is None:
                     unknown.extend((table, column, pk) for pk in pks)
                     continue
-                values: dict[str, str | None] = {}
-                mapper = col.mapper
-                for start in range(0, len(pks), 500):
-                    chunk = pks[start : start + 500]
-                    stmt = select(mapper).where(pk_in(mapper, chunk))
-                    for obj in session.scalars(stmt):
-                        values[row_key(mapper.primary_key_from_instance(obj))] = getattr(
-                            obj, col.key
-                        )
+                values = read_values(session, col, pks)
                 ops.extend(SyncOp(col, pk, values.get(pk)) for pk in pks)
         return ops, unknown
 
@@ -642,6 +634,19 @@ class Syncer:
             ),
             stacklevel=2,
         )
+
+
+def read_values(
+    session: Session, column: SemanticColumn, pks: Sequence[str]
+) -> dict[str, str | None]:
+    """``column``'s current value for each row key in ``pks`` that exists, 500 keys a query."""
+    mapper = column.mapper
+    values: dict[str, str | None] = {}
+    for start in range(0, len(pks), 500):
+        stmt = select(mapper).where(pk_in(mapper, list(pks[start : start + 500])))
+        for obj in session.scalars(stmt):
+            values[row_key(mapper.primary_key_from_instance(obj))] = getattr(obj, column.key)
+    return values
 
 
 def fingerprint(model: str, dimension: int, chunker: dict[str, Any]) -> str:

@@ -92,7 +92,8 @@ def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenS
             opened.closed = True
             _registry.pop(key, None)
         raise VectorStoreError(
-            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc}"
+            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc} "
+            "(is another process using it?)"
         ) from exc
     if opened is None:
         opened = _registry[key] = _OpenShard(shard, int(meta["dimension"]), meta)
@@ -175,15 +176,7 @@ class EdgeStore:
                 if not cdir.exists() and (parked / _META_FILE).exists():
                     parked.rename(cdir)  # a non-atomic swap stopped half-way: put it back
                 if meta_file.exists():
-                    meta = json.loads(meta_file.read_text("utf-8"))
-                    try:
-                        shard = qe.EdgeShard.load(str(cdir / _SHARD_DIR))
-                    except Exception as exc:
-                        raise VectorStoreError(
-                            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc} "
-                            "(is another process using it?)"
-                        ) from exc
-                    dimension = int(meta["dimension"])
+                    opened = _load_into(None, collection, cdir)
                 elif spec is None:
                     return None
                 else:
@@ -216,9 +209,7 @@ class EdgeStore:
                     tmp = cdir / (_META_FILE + ".tmp")
                     tmp.write_text(json.dumps(meta, sort_keys=True), "utf-8")
                     tmp.replace(cdir / _META_FILE)  # atomic: metadata marks a finished collection
-                    dimension = spec.dimension
-                opened = _OpenShard(shard, dimension, meta)
-                _registry[key] = opened
+                    opened = _registry[key] = _OpenShard(shard, spec.dimension, meta)
             opened.users += 1
         with self._lock:
             self._mine[collection] = opened

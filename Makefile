@@ -25,7 +25,8 @@ PYTEST_ARGS   ?=
 help:
 	@echo "make venv       create $(VENV) and install torch==$(TORCH_VERSION) + -e '.[dev]'"
 	@echo "make test       lint + typecheck + pytest (what CI runs)"
-	@echo "make lint       ruff check     make fmt        ruff format + ruff check --fix"
+	@echo "make lint       ruff check, import-linter contracts (lint-imports)"
+	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make typecheck  mypy (strict)  make pytest     pytest only (PYTEST_ARGS=...)"
 	@echo "make demo       run examples/knowledge_base.py"
 	@echo "make bench      run bench/ingest.py"
@@ -44,6 +45,7 @@ test: lint typecheck pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format $(LINT_PATHS)

@@ -26,12 +26,10 @@ and the Qdrant packages are imported when first used.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from . import evaluation, keywords, outbox, signals
 from .chunking import Chunk, Chunker, RecursiveChunker, get_chunker, register_chunker
 from .column import SemanticText
-from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
+from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder, TokenAwareEmbedder
 from .evaluation import EvalReport, evaluate
 from .exc import (
     ChunkTooLongWarning,
@@ -47,8 +45,16 @@ from .exc import (
     VectorStoreError,
 )
 from .index import SemanticIndex, index_for
-from .search import ScoredChunk, SearchHit, SemanticSearchMixin, semantic_search
-from .stores import EdgeStore, QdrantClientStore, VectorStore
+from .search import (
+    ScoredChunk,
+    SearchHit,
+    SearchOptions,
+    SemanticSearchMixin,
+    asemantic_search,
+    semantic_search,
+)
+from .stores import EdgeStore, QdrantClientStore, Store, StoreAdmin, VectorStore
+from .version import __version__
 from .worker import Worker
 
 __all__ = [
@@ -68,6 +74,7 @@ __all__ = [
     "RecursiveChunker",
     "ScoredChunk",
     "SearchHit",
+    "SearchOptions",
     "SemanticIndex",
     "SemanticORMError",
     "SemanticSearchMixin",
@@ -75,11 +82,15 @@ __all__ = [
     "SemanticTypeError",
     "SemanticValueError",
     "SentenceTransformerEmbedder",
+    "Store",
+    "StoreAdmin",
     "SyncError",
+    "TokenAwareEmbedder",
     "VectorStore",
     "VectorStoreError",
     "Worker",
     "__version__",
+    "asemantic_search",
     "evaluate",
     "evaluation",
     "get_chunker",

@@ -34,18 +34,17 @@ exist, created by an earlier migration.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from alembic.operations import MigrateOperation, Operations
 from sqlalchemy import types as sqltypes
-from sqlalchemy.engine import Connection
 
 from . import outbox
 from .column import SemanticText
 from .exc import ConfigurationError
-from .mapping import row_key
+from .mapping import iter_keys
+from .outbox import JobKey
 
 __all__ = [
     "CreateSemanticIndexOp",
@@ -244,43 +243,13 @@ def _queue_rows(operations: Operations, operation: _SemanticColumnOp) -> int:
             f"{name}: table {operation.index_table!r} has no column {operation.column_name!r}; "
             "add the column first"
         )
-    pk = list(table.primary_key.columns)
-    if not pk:
+    if not list(table.primary_key.columns):
         raise ConfigurationError(f"{name}: table {operation.index_table!r} has no primary key")
     queued = 0
-    for keys in _key_pages(bind, table, pk):
-        jobs = [(operation.index_table, operation.column_name, key) for key in keys]
-        queued += outbox.enqueue(bind, jobs)
+    for keys in iter_keys(bind, table, batch_size=BATCH_SIZE):
+        jobs = [JobKey(operation.index_table, operation.column_name, key) for key in keys]
+        queued += len(outbox.enqueue(bind, jobs))
     return queued
-
-
-def _key_pages(bind: Connection, table: sa.Table, pk: list[sa.Column[Any]]) -> Iterator[list[str]]:
-    """The table's row keys, ``BATCH_SIZE`` at a time, in primary-key order.
-
-    Each page is read in full (keyset pagination) before the caller writes its jobs: no cursor
-    stays open while writing, which SQLite would not allow.
-    """
-    stmt = sa.select(*pk).order_by(*pk).limit(BATCH_SIZE)
-    last: tuple[Any, ...] | None = None
-    while True:
-        page = stmt if last is None else stmt.where(_after(pk, last))
-        rows = [tuple(row) for row in bind.execute(page)]
-        if not rows:
-            return
-        yield [row_key(row) for row in rows]
-        if len(rows) < BATCH_SIZE:
-            return
-        last = rows[-1]
-
-
-def _after(pk: list[sa.Column[Any]], values: tuple[Any, ...]) -> sa.ColumnElement[bool]:
-    """Rows whose key sorts after ``values``, without row-value syntax (any dialect)."""
-    return sa.or_(
-        *(
-            sa.and_(*(pk[j] == values[j] for j in range(i)), pk[i] > values[i])
-            for i in range(len(pk))
-        )
-    )
 
 
 def _create_semantic_index(operations: Operations, operation: CreateSemanticIndexOp) -> int:

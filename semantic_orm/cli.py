@@ -39,7 +39,7 @@ from . import outbox
 from .evaluation import evaluate, load_gold
 from .exc import ConfigurationError
 from .index import SemanticIndex
-from .maintenance import gc, rebuild, reindex, status
+from .maintenance import gc, rebuild, reconcile, reindex, status
 from .search import DEFAULT_MODE, SEARCH_MODES
 from .worker import Worker
 
@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("requeue", "retry dead-lettered jobs"),
         ("eval", "measure retrieval quality on a gold set"),
         ("gc", "drop collections no column uses"),
+        ("reconcile", "queue rows whose index differs from SQL (raw SQL, cascades)"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("index", help="module:attribute of the SemanticIndex")
@@ -111,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             cmd.add_argument("--json", action="store_true")
         if name == "status":
+            cmd.add_argument("--json", action="store_true")
+        if name == "reconcile":
+            cmd.add_argument("model", nargs="?", help="module:Class (default: every column)")
+            cmd.add_argument("--restart", action="store_true", help="ignore the checkpoint")
+            cmd.add_argument("--no-process", action="store_true", help="only queue the jobs")
+            cmd.add_argument("--batch", type=int, default=1000)
             cmd.add_argument("--json", action="store_true")
         if name == "eval":
             cmd.add_argument("model", help="module:Class of the model")
@@ -201,6 +208,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                     index=index,
                 )
             print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
+        elif args.command == "reconcile":
+            model = _load(args.model) if args.model else None
+            reconciled = reconcile(
+                index,
+                model,
+                engine,
+                batch_size=args.batch,
+                process=not args.no_process,
+                restart=args.restart,
+                progress=not args.json,
+            )
+            if args.json:
+                print(json.dumps([r.as_dict() for r in reconciled], indent=2))
+            for found_rows in [] if args.json else reconciled:
+                print(
+                    f"{found_rows.column}: {found_rows.rows} rows compared, "
+                    f"{found_rows.in_sync} in sync; queued {found_rows.missing} missing, "
+                    f"{found_rows.changed} changed, {found_rows.emptied} emptied, "
+                    f"{found_rows.orphans} orphaned" + (" (resumed)" if found_rows.resumed else "")
+                )
         elif args.command == "requeue":
             with engine.begin() as conn:
                 n = outbox.requeue_dead(conn)

@@ -36,6 +36,16 @@ and MRR@5 at a mean chunk no longer than LangChain's 1000/200, and SciFact nDCG@
 README's benchmark table)."""
 
 
+_DEFAULTS: dict[str, Any] = {
+    "chunker": DEFAULT_CHUNKER,
+    "chunk_size": DEFAULT_CHUNK_SIZE,
+    "overlap": DEFAULT_OVERLAP,
+    "model": None,
+    "collection": None,
+}
+"""Every constructor setting and its default: drives ``repr()``, ``copy()`` and the cache key."""
+
+
 class SemanticText(TypeDecorator[str]):
     """A ``TEXT`` column whose value is chunked, embedded and indexed for semantic search.
 
@@ -97,28 +107,23 @@ class SemanticText(TypeDecorator[str]):
         """Return the stored text unchanged."""
         return value  # type: ignore[no-any-return]
 
+    def settings(self) -> dict[str, Any]:
+        """The declared settings, by constructor parameter name (hashable values)."""
+        return {name: getattr(self, name) for name in _DEFAULTS}
+
+    def settings_key(self) -> tuple[Any, ...]:
+        """The settings as one hashable value: equal for columns declared alike."""
+        return tuple(self.settings().values())
+
     def copy(self, **kw: Any) -> SemanticText:
         """Return a copy with the same settings."""
-        return SemanticText(
-            chunker=self.chunker,
-            chunk_size=self.chunk_size,
-            overlap=self.overlap,
-            model=self.model,
-            collection=self.collection,
-        )
+        return SemanticText(**self.settings())
 
     def __repr__(self) -> str:
-        defaults: dict[str, Any] = {
-            "chunker": DEFAULT_CHUNKER,
-            "chunk_size": DEFAULT_CHUNK_SIZE,
-            "overlap": DEFAULT_OVERLAP,
-            "model": None,
-            "collection": None,
-        }
         args = [
-            f"{name}={getattr(self, name)!r}"
-            for name, default in defaults.items()
-            if getattr(self, name) != default
+            f"{name}={value!r}"
+            for name, value in self.settings().items()
+            if value != _DEFAULTS[name]
         ]
         return f"SemanticText({', '.join(args)})"
 

@@ -2,7 +2,9 @@
 
 An embedder is anything that satisfies the small :class:`Embedder` protocol: a ``name`` recorded
 with the vectors it produced, a ``dimension``, an optional ``max_seq_length`` (in tokens) and an
-``encode`` method returning one L2-normalized ``float32`` row per text.
+``encode`` method returning one L2-normalized ``float32`` row per text. An embedder that can also
+say where each token of a text lies (:class:`TokenAwareEmbedder`) gets chunks that overflow its
+window split at token boundaries instead of truncated.
 
 :class:`SentenceTransformerEmbedder` is the real one. It loads any sentence-transformers model by
 name or path (``"BAAI/bge-m3"``, ``"/models/my-finetune"``). The default, all-MiniLM-L6-v2, is
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "Embedder",
     "SentenceTransformerEmbedder",
+    "TokenAwareEmbedder",
 ]
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -59,6 +62,23 @@ class Embedder(Protocol):
 
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Tokens each text takes in the model's window, or ``None`` if unknown."""
+        ...
+
+
+@runtime_checkable
+class TokenAwareEmbedder(Protocol):
+    """An embedder that knows its tokens: chunks longer than its window are split, not cut.
+
+    Only methods, so that checking ``isinstance(embedder, TokenAwareEmbedder)`` never loads a
+    model.
+    """
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Character ``(start, end)`` of each token of ``text``, special tokens excluded."""
+        ...
+
+    def special_token_count(self) -> int:
+        """Tokens the model adds to every text (``[CLS]`` and ``[SEP]`` for BERT models)."""
         ...
 
 
@@ -176,8 +196,7 @@ class SentenceTransformerEmbedder:
         spans: list[tuple[int, int]] = self._spans(text)
         return spans
 
-    @property
-    def special_tokens(self) -> int:
+    def special_token_count(self) -> int:
         """Tokens the model adds to every text (``[CLS]`` and ``[SEP]`` for BERT models)."""
         return len(self.model.tokenizer("", add_special_tokens=True)["input_ids"])
 

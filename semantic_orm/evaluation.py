@@ -32,16 +32,15 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 from .exc import ConfigurationError
-from .index import SemanticIndex, index_for
+from .index import index_for
 from .mapping import row_key
-from .search import DEFAULT_MODE, SearchHit, _pick_column, semantic_search
-from .stores.base import SearchMode
+from .search import DEFAULT_MODE, SearchHit, SearchMode, SearchOptions, pick_column, semantic_search
 
 __all__ = [
     "EvalReport",
@@ -236,10 +235,8 @@ def evaluate(
     gold: Iterable[GoldItem | Mapping[str, Any]],
     *,
     k: int = 5,
-    mode: SearchMode = DEFAULT_MODE,
     lenient: bool = False,
-    column: str | None = None,
-    index: SemanticIndex | None = None,
+    **options: Unpack[SearchOptions],
 ) -> EvalReport:
     """Search every gold question and score the rankings.
 
@@ -248,17 +245,24 @@ def evaluate(
         model: The mapped class the gold ``pk`` values belong to.
         gold: :class:`GoldItem` values or ``{"question", "pk", "span"}`` mappings.
         k: Cut-off for Recall@k and MRR@k.
-        mode: Search mode, as for :func:`~semantic_orm.search.semantic_search`.
         lenient: Count a passage overlapping or adjacent to the span as a span hit.
-        column: The semantic attribute, if the model has several.
-        index: The index to search, instead of the session's.
+        **options: Search options, as for :func:`~semantic_orm.search.semantic_search`
+            (``mode``, ``column``, ``where``, ``index``...); ``limit``, ``offset``,
+            ``group_by`` and ``query_vector`` are the evaluation's own.
 
     Returns:
         The metrics and per-question results.
 
     Raises:
-        ConfigurationError: ``k`` is not positive or the gold set is empty or malformed.
+        ConfigurationError: ``k`` is not positive, the gold set is empty or malformed, or an
+            option is one the evaluation sets itself.
     """
+    own = sorted({"limit", "offset", "group_by", "query_vector"} & set(options))
+    if own:
+        raise ConfigurationError(f"evaluate sets {', '.join(own)} itself")
+    mode: SearchMode = options.get("mode") or DEFAULT_MODE
+    index = options.get("index")
+    column = options.get("column")
     if k <= 0:
         raise ConfigurationError(f"evaluate k must be > 0, got {k}")
     items = [g if isinstance(g, GoldItem) else GoldItem.from_dict(g) for g in gold]
@@ -268,10 +272,10 @@ def evaluate(
     vectors: list[Any] = [None] * len(items)
     if mode != "keyword":
         # encode the questions in batches, not one at a time (two searches share each vector)
-        idx = index or (index_for(session) if isinstance(session, Session) else None)
+        idx = index or index_for(session)
         if idx is not None:
-            col = _pick_column(inspect(model), column)
-            embedder = idx.embedder_for(col)
+            col = pick_column(inspect(model), column)
+            embedder = idx.binding_for(col).embedder
             for start in range(0, len(items), _ENCODE_BATCH):
                 batch = items[start : start + _ENCODE_BATCH]
                 vectors[start : start + len(batch)] = list(
@@ -280,16 +284,8 @@ def evaluate(
     results: list[QuestionResult] = []
     for item, vector in zip(items, vectors, strict=True):
         key = item.key
-        rows = semantic_search(
-            session,
-            model,
-            item.question,
-            limit=depth,
-            mode=mode,
-            column=column,
-            index=index,
-            query_vector=vector,
-        )
+        search: SearchOptions = {**options, "limit": depth, "query_vector": vector}
+        rows = semantic_search(session, model, item.question, **search)
         row_keys = [_hit_key(h) for h in rows]
         row_rank = row_keys.index(key) + 1 if key in row_keys else None
         retrieved = [
@@ -298,17 +294,8 @@ def evaluate(
         ]
         span_rank = None
         if item.span is not None:
-            passages = semantic_search(
-                session,
-                model,
-                item.question,
-                limit=depth,
-                group_by="chunk",
-                mode=mode,
-                column=column,
-                index=index,
-                query_vector=vector,
-            )
+            by_chunk: SearchOptions = {**search, "group_by": "chunk"}
+            passages = semantic_search(session, model, item.question, **by_chunk)
             retrieved = []
             for position, hit in enumerate(passages, 1):
                 hk = _hit_key(hit)

@@ -1,7 +1,10 @@
 """Exceptions raised by semantic_orm.
 
 Every error the library raises derives from :class:`SemanticORMError`, and each one also derives
-from the built-in exception a caller would naturally catch, so ``except ValueError`` keeps working::
+from the built-in exception a caller would naturally catch, so ``except ValueError`` keeps working.
+Errors about a value or a setting also carry SQLAlchemy's ``DontWrapMixin``: raised while a
+statement executes (a bad value in ``session.execute(insert(...))``), they reach the caller as
+themselves, not wrapped in ``StatementError``::
 
     SemanticORMError
     ├── ConfigurationError (ValueError)        a setting is invalid or inconsistent
@@ -11,7 +14,8 @@ from the built-in exception a caller would naturally catch, so ``except ValueErr
     ├── SemanticTypeError (TypeError)          a column value is not a string
     ├── MissingDependencyError (ImportError)   an optional extra is not installed
     ├── EmbeddingError (RuntimeError)          the embedder failed
-    ├── VectorStoreError (RuntimeError)        the vector store failed
+    ├── VectorStoreError (RuntimeError)        the vector store failed (.transient says if a
+    │                                          retry can help)
     └── SyncError (RuntimeError)               syncing committed rows to the index failed
 
 Warnings: :class:`ChunkTooLongWarning` (UserWarning) when chunks overflow the model window.
@@ -19,7 +23,10 @@ Warnings: :class:`ChunkTooLongWarning` (UserWarning) when chunks overflow the mo
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
+
+from sqlalchemy.exc import DontWrapMixin, OperationalError
 
 __all__ = [
     "ChunkTooLongWarning",
@@ -33,6 +40,8 @@ __all__ = [
     "SemanticValueError",
     "SyncError",
     "VectorStoreError",
+    "import_optional",
+    "is_transient",
 ]
 
 
@@ -40,7 +49,7 @@ class SemanticORMError(Exception):
     """Root of every exception raised by semantic_orm."""
 
 
-class ConfigurationError(SemanticORMError, ValueError):
+class ConfigurationError(DontWrapMixin, SemanticORMError, ValueError):
     """A setting is invalid, unknown or inconsistent with another one."""
 
 
@@ -66,11 +75,11 @@ class EmbeddingDriftError(CollectionMismatchError):
         self.changes = changes
 
 
-class SemanticValueError(SemanticORMError, ValueError):
+class SemanticValueError(DontWrapMixin, SemanticORMError, ValueError):
     """A ``SemanticText`` value is a string that cannot be indexed as it is."""
 
 
-class SemanticTypeError(SemanticORMError, TypeError):
+class SemanticTypeError(DontWrapMixin, SemanticORMError, TypeError):
     """A ``SemanticText`` value is not a string (or ``None``)."""
 
 
@@ -83,7 +92,18 @@ class EmbeddingError(SemanticORMError, RuntimeError):
 
 
 class VectorStoreError(SemanticORMError, RuntimeError):
-    """The vector store refused or failed an operation."""
+    """The vector store refused or failed an operation.
+
+    Attributes:
+        transient: Whether retrying later may succeed (the store is unreachable, overloaded or
+            held by another process) rather than the request being refused (a vector of the
+            wrong dimension, a bad request): jobs failing transiently are retried until they
+            succeed, permanent failures count towards dead-lettering.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class SyncError(SemanticORMError, RuntimeError):
@@ -92,3 +112,31 @@ class SyncError(SemanticORMError, RuntimeError):
 
 class ChunkTooLongWarning(UserWarning):
     """Chunks are longer than the embedding model's window, so their ends are not embedded."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying later may succeed (store unreachable, database busy, drift pending).
+
+    Values that cannot be embedded, a request the store refuses and unexpected errors are
+    permanent: they count towards dead-lettering. Transient errors are retried with capped
+    backoff and never dead-lettered, so an outage does not bury the whole queue.
+    """
+    if isinstance(error, VectorStoreError):
+        return error.transient
+    if isinstance(error, (SemanticValueError, SemanticTypeError, EmbeddingError)):
+        return False
+    return isinstance(error, (ConfigurationError, ConnectionError, TimeoutError, OperationalError))
+
+
+def import_optional(module: str, hint: str) -> Any:
+    """Import an optional dependency, or fail with :class:`MissingDependencyError` and ``hint``.
+
+    Args:
+        module: The module to import, e.g. ``"qdrant_edge"``.
+        hint: What needs it and how to install it, e.g. ``"EdgeStore needs Qdrant Edge: pip
+            install 'semantic-orm[edge]'"``.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(hint) from exc

@@ -1,8 +1,8 @@
 """``SemanticIndex``: where vectors live, which model makes them, and which sessions sync.
 
-The index is the manager that the ``SemanticText`` marker type leaves the work to. It owns a
-vector store and the embedders, and it is installed explicitly on the sessions whose commits
-should reach the store::
+The index is the manager the ``SemanticText`` marker type leaves the work to. It owns a vector
+store and the embedders, wires the steps of the save path together, and is installed explicitly
+on the sessions whose commits should reach the store::
 
     index = SemanticIndex(store=EdgeStore("./vectors"))    # default model: all-MiniLM-L6-v2
     SessionLocal = sessionmaker(engine)
@@ -11,38 +11,61 @@ should reach the store::
     index.uninstall(SessionLocal)     # and stops
 
 Installing on a ``sessionmaker`` listens on that factory's private Session subclass only;
-installing on one ``Session`` scopes it to that session. Importing semantic_orm registers
-nothing. ``Model.semantic_search(session, ...)`` finds the index installed for its session.
+installing on one ``Session`` scopes it to that session; a ``scoped_session`` is installed
+through its factory, an ``async_sessionmaker`` through a private subclass of its sync session
+class. Importing semantic_orm registers nothing. ``Model.semantic_search(session, ...)`` finds
+the index installed for its session.
 
-Every change is recorded as an outbox job in the writer's own transaction
-(:mod:`semantic_orm.outbox`). With ``mode="inline"`` (the default) the jobs of a commit are
-processed right after it, in the committing thread; with ``mode="deferred"`` they wait for a
-worker (:class:`~semantic_orm.worker.Worker`, ``semantic-orm worker``). If the embedder or the
-store fails, the commit has already succeeded and the job stays, with its attempts, last error
-and next retry time: nothing is lost, and :meth:`SemanticIndex.drain` or a worker finishes it.
+The save path, one module per step:
+
+1. :mod:`~semantic_orm.staging` writes an outbox job for each changed row in the writer's own
+   transaction (:mod:`~semantic_orm.outbox`);
+2. after a durable commit, with ``mode="inline"`` (the default), the committing thread hands the
+   commit's jobs to :mod:`~semantic_orm.processing` (claim, read, settle); with
+   ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
+   ``semantic-orm worker``). Jobs that failed are retried in the background after later
+   commits, by a worker, or by :meth:`SemanticIndex.drain`;
+3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
+   column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
+
+If the embedder or the store fails, the commit has already succeeded and the job stays, with
+its attempts, last error and next retry time: nothing is lost.
+
+Columns are discovered lazily, when a flush, a statement, a search or a job first names them,
+rather than on ``mapper_configured``: listening to mapper events would be a global hook (every
+mapper of the process, at import time), while an index is installed on chosen sessions only, and
+a worker in a fresh process finds a job's column from the process's ORM registries (or
+``models=``) the first time it needs it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Engine, inspect, select
-from sqlalchemy.orm import Mapper, Session, sessionmaker
+from sqlalchemy import Connection, Engine, Table, func, inspect, select
+from sqlalchemy.orm import Mapper, Session, scoped_session, sessionmaker
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
-from . import __version__, outbox
-from .chunking import Chunker
+from . import outbox
+from .applying import Applier
+from .binding import Bindings, ColumnBinding
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
-from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
-from .mapping import SemanticColumn, semantic_columns
-from .stores.base import CollectionSpec, VectorStore
-from .sync import JobKey, ProcessReport, SessionTracker, Syncer, fingerprint
+from .exc import ConfigurationError
+from .gate import WriteGate
+from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
+from .processing import Processor, ProcessReport, RetryPolicy
+from .staging import SessionTracker, Staged, StagingHooks
+from .stores.base import Store
 
 __all__ = ["SemanticIndex", "index_for"]
 
@@ -52,22 +75,73 @@ DEFAULT_PATH_ENV = "SEMANTIC_ORM_PATH"
 
 _installed: weakref.WeakKeyDictionary[Any, SemanticIndex] = weakref.WeakKeyDictionary()
 _installed_lock = threading.Lock()
+_OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's creation
+
+
+def _async_types() -> tuple[type[Any], type[Any]] | None:
+    try:
+        from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+    except ImportError:  # pragma: no cover - asyncio extension needs greenlet
+        return None
+    return AsyncSession, async_sessionmaker
 
 
 def _listen_target(target: Any) -> Any:
     """What listeners attach to: a sessionmaker's private class, or the Session itself."""
+    if isinstance(target, scoped_session):
+        return _listen_target(target.session_factory)
     if isinstance(target, sessionmaker):
         return target.class_
     if isinstance(target, Session) or (isinstance(target, type) and issubclass(target, Session)):
         return target
+    found = _async_types()
+    if found is not None:
+        async_session, async_maker = found
+        if isinstance(target, async_session):
+            return target.sync_session
+        if isinstance(target, async_maker):
+            sync_class = target.kw.get("sync_session_class") or Session
+            if not getattr(sync_class, "_semantic_orm_private", False):
+                # a private subclass, as sessionmaker makes for itself, so that listening is
+                # scoped to this factory's sessions
+                sync_class = type(
+                    f"SemanticSync{sync_class.__name__}",
+                    (sync_class,),
+                    {"_semantic_orm_private": True},
+                )
+                target.kw["sync_session_class"] = sync_class
+            return sync_class
+        if isinstance(target, type) and issubclass(target, async_session):
+            raise ConfigurationError(
+                "install() takes an async_sessionmaker (or one AsyncSession), not the "
+                "AsyncSession class: installing on the class would sync every async session"
+            )
     raise ConfigurationError(
-        f"install() takes a sessionmaker, a Session subclass or a Session, got {target!r}"
+        "install() takes a sessionmaker, async_sessionmaker, scoped_session, a Session "
+        f"subclass, a Session or an AsyncSession, got {target!r}"
     )
 
 
-def index_for(session: Session) -> SemanticIndex | None:
-    """The index installed on ``session``, its sessionmaker or its class, if any."""
-    found = _installed.get(session)
+def _sync_session(session: Any) -> Session:
+    """The ``Session`` behind an ``AsyncSession`` or a ``scoped_session``."""
+    if isinstance(session, scoped_session):
+        return cast(Session, session())
+    found = getattr(session, "sync_session", None)
+    if isinstance(found, Session):
+        return found
+    return cast(Session, session)
+
+
+def index_for(session: Any) -> SemanticIndex | None:
+    """The index installed on ``session``, its factory or its class, if any.
+
+    ``session`` may be a ``Session``, an ``AsyncSession`` or a ``scoped_session``.
+    """
+    session = _sync_session(session)
+    try:
+        found = _installed.get(session)
+    except TypeError:  # not weak-referenceable (None, a mock): not a session of ours
+        return None
     if found is not None:
         return found
     for cls in type(session).__mro__:
@@ -75,395 +149,6 @@ def index_for(session: Session) -> SemanticIndex | None:
         if found is not None:
             return found
     return None
-
-
-class SemanticIndex:
-    """Syncs ``SemanticText`` columns to a vector store and answers semantic searches.
-
-    Args:
-        store: The vector store. Defaults to an :class:`~semantic_orm.stores.EdgeStore` in the
-            directory named by ``$SEMANTIC_ORM_PATH``, else ``./.semantic_orm``.
-        embedder: The default embedder, for columns that name no model. Defaults to
-            all-MiniLM-L6-v2 (loaded on first use).
-        embedders: Embedders by model name, for columns declared with
-            ``SemanticText(model=...)``. A name not listed is loaded with sentence-transformers.
-        collection_prefix: Prepended to every collection name (to share one Qdrant server
-            between applications).
-        mode: ``"inline"`` processes a commit's jobs right after it, in the committing thread;
-            ``"deferred"`` leaves them to a worker.
-        models: Declarative base(s) or mapped classes whose SemanticText columns a worker in a
-            fresh process must know (columns seen in a flush are known anyway).
-        max_attempts: Failed attempts after which a permanently failing job is dead-lettered.
-        retry_base: Seconds before the first retry; doubled each attempt.
-        retry_cap: Longest wait between retries, in seconds.
-        create_outbox: Create the outbox table on first use if it is missing. Set ``False`` when
-            your migrations create it.
-    """
-
-    def __init__(
-        self,
-        store: VectorStore | None = None,
-        embedder: Embedder | None = None,
-        *,
-        embedders: Mapping[str, Embedder] | None = None,
-        collection_prefix: str = "",
-        mode: Literal["inline", "deferred"] = "inline",
-        models: Any = None,
-        max_attempts: int = 5,
-        retry_base: float = 1.0,
-        retry_cap: float = 300.0,
-        create_outbox: bool = True,
-    ) -> None:
-        if mode not in ("inline", "deferred"):
-            raise ConfigurationError(
-                f"SemanticIndex mode must be 'inline' or 'deferred', got {mode!r}"
-            )
-        if max_attempts < 1:
-            raise ConfigurationError(f"SemanticIndex max_attempts must be >= 1, got {max_attempts}")
-        if store is None:
-            from .stores.edge import EdgeStore
-
-            store = EdgeStore(Path(os.environ.get(DEFAULT_PATH_ENV, ".semantic_orm")))
-        self.store = store
-        self.embedder: Embedder = embedder or SentenceTransformerEmbedder(DEFAULT_MODEL)
-        self._embedders: dict[str, Embedder] = dict(embedders or {})
-        self.collection_prefix = collection_prefix
-        self.mode = mode
-        self.max_attempts = max_attempts
-        self.retry_base = retry_base
-        self.retry_cap = retry_cap
-        self.create_outbox = create_outbox
-        self._syncer = Syncer(self)
-        self._tracker = SessionTracker(self)
-        self._ensured: set[str] = set()
-        self._searchable: set[str] = set()  # drifted in chunking only: searchable, not writable
-        self._chunkers: dict[int, Chunker] = {}
-        self._fingerprints: dict[int, str] = {}
-        self._columns: dict[tuple[str, str], SemanticColumn] = {}
-        self._models = models
-        self._engines: dict[int, Engine] = {}
-        self._outbox_ready: set[int] = set()
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"
-
-    # -- installation -------------------------------------------------------------------------
-
-    def install(self, target: sessionmaker[Any] | type[Session] | Session) -> None:
-        """Sync the commits of ``target``'s sessions; installing twice is harmless.
-
-        Raises:
-            ConfigurationError: If another index is already installed on ``target``.
-        """
-        key = _listen_target(target)
-        with _installed_lock:
-            current = _installed.get(key)
-            if current is not None and current is not self:
-                raise ConfigurationError(
-                    f"another SemanticIndex is already installed on {target!r}; uninstall it first"
-                )
-            _installed[key] = self
-        bind = target.kw.get("bind") if isinstance(target, sessionmaker) else None
-        if isinstance(bind, Engine):
-            self.remember_engine(bind)
-            if self.create_outbox:
-                with bind.begin() as conn:
-                    self.ensure_outbox(conn)
-                self.outbox_committed(bind)
-        self._tracker.install(key)
-
-    def uninstall(self, target: sessionmaker[Any] | type[Session] | Session) -> None:
-        """Stop syncing ``target``'s sessions."""
-        key = _listen_target(target)
-        self._tracker.remove(key)
-        with _installed_lock:
-            if _installed.get(key) is self:
-                del _installed[key]
-
-    # -- configuration ------------------------------------------------------------------------
-
-    def collection_name(self, column: SemanticColumn) -> str:
-        """The collection holding ``column``'s vectors."""
-        return column.collection(self.collection_prefix)
-
-    def embedder_for(self, column: SemanticColumn) -> Embedder:
-        """The embedder for ``column``: its declared model, else the index's default."""
-        name = column.settings.model
-        if name is None or name == self.embedder.name:
-            return self.embedder
-        with self._lock:
-            found = self._embedders.get(name)
-            if found is None:
-                found = self._embedders[name] = SentenceTransformerEmbedder(name)
-        return found
-
-    def chunker_for(self, column: SemanticColumn) -> Chunker:
-        """The chunker ``column``'s settings describe (built once)."""
-        key = id(column.settings)
-        found = self._chunkers.get(key)
-        if found is None:
-            found = self._chunkers[key] = column.settings.make_chunker()
-        return found
-
-    def spec_for(self, column: SemanticColumn) -> CollectionSpec:
-        """What ``column``'s collection must hold."""
-        embedder = self.embedder_for(column)
-        return CollectionSpec(
-            name=self.collection_name(column),
-            dimension=embedder.dimension,
-            model=embedder.name,
-            metadata={
-                "chunker": self.chunker_for(column).config(),
-                "table": column.table,
-                "column": column.column.name,
-                "semantic_orm": __version__,
-            },
-        )
-
-    def ensure_collection(self, column: SemanticColumn, *, for_search: bool = False) -> None:
-        """Create ``column``'s collection if needed; refuse one its vectors do not fit.
-
-        Args:
-            column: The semantic column.
-            for_search: Only searching: a collection chunked with other settings still answers
-                (its vectors come from the same model), with a warning; writing to it does not.
-
-        Raises:
-            EmbeddingDriftError: The collection was built by another model or dimension (or,
-                when writing, other chunk settings). The message names each change and the
-                command that rebuilds the collection.
-        """
-        name = self.collection_name(column)
-        if name in self._ensured or (for_search and name in self._searchable):
-            return
-        spec = self.spec_for(column)
-        try:
-            self.store.ensure_collection(spec)
-        except CollectionMismatchError as exc:
-            changes = drift(self.store.collection_info(name), spec)
-            if not changes:
-                raise  # not a setting that changed (e.g. a collection of an older layout)
-            raise self._drift_error(column, name, changes) from exc
-        changes = drift(self.store.collection_info(name), spec)
-        if not changes:
-            self._ensured.add(name)
-            return
-        if for_search and not {"model", "dimension"} & set(changes):
-            log.warning("semantic_orm: %s", self._drift_error(column, name, changes))
-            self._searchable.add(name)
-            return
-        raise self._drift_error(column, name, changes)
-
-    @property
-    def syncer(self) -> Syncer:
-        """The object that applies sync operations (used by maintenance tools)."""
-        return self._syncer
-
-    def verify(self) -> None:
-        """Check every registered column's collection now, e.g. when the application starts.
-
-        Creates missing collections and raises on the first drifted one, instead of at the
-        first search or sync.
-
-        Raises:
-            EmbeddingDriftError: A column's model, dimension or chunking differs from what built
-                its collection; the message names the change and the command that fixes it.
-        """
-        for column in self.columns():
-            self.ensure_collection(column)
-
-    def forget_collection(self, column: SemanticColumn) -> None:
-        """Check ``column``'s collection again on next use (after a rebuild switched it)."""
-        name = self.collection_name(column)
-        self._ensured.discard(name)
-        self._searchable.discard(name)
-
-    def _drift_error(
-        self, column: SemanticColumn, name: str, changes: dict[str, tuple[Any, Any]]
-    ) -> EmbeddingDriftError:
-        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
-        model = column.model
-        if {"model", "dimension"} & set(changes):
-            meanwhile = (
-                "Searching it with the new model would compare unrelated vectors, so searches and "
-                "writes are refused. Rebuild it (a deployment still on the old settings can serve "
-                "searches meanwhile)"
-            )
-        else:
-            meanwhile = (
-                "Searches still use it (same model); writes wait in the outbox. Rebuild it "
-                "(searches keep using the current collection until the switch)"
-            )
-        return EmbeddingDriftError(
-            f"{column.label} has changed since its collection {name!r} was built ({listed}). "
-            f"{meanwhile}: semantic-orm reindex MODULE:index "
-            f"{model.__module__}:{model.__qualname__} --rebuild (or "
-            f"semantic_orm.maintenance.rebuild(index, {model.__qualname__})). To keep the old "
-            "vectors instead, restore the previous settings.",
-            column=column.label,
-            collection=name,
-            changes=changes,
-        )
-
-    def fingerprint(self, column: SemanticColumn) -> str:
-        """Digest of the model and chunking that produce ``column``'s vectors."""
-        key = id(column.settings)
-        found = self._fingerprints.get(key)
-        if found is None:
-            embedder = self.embedder_for(column)
-            found = fingerprint(
-                embedder.name, embedder.dimension, self.chunker_for(column).config()
-            )
-            self._fingerprints[key] = found
-        return found
-
-    # -- columns ------------------------------------------------------------------------------
-
-    def register_column(self, column: SemanticColumn) -> None:
-        """Remember ``column`` so that jobs naming its table and column can be processed."""
-        self._columns.setdefault((column.table, column.column.name), column)
-
-    def register_models(self, models: Any) -> None:
-        """Register the SemanticText columns of a declarative base, registry or classes."""
-        for mapper in _mappers(models):
-            for column in semantic_columns(mapper):
-                self.register_column(column)
-
-    def column_for(self, table: str, column: str) -> SemanticColumn | None:
-        """The registered column for an outbox job's ``table`` and ``column``."""
-        found = self._columns.get((table, column))
-        if found is None and self._models is not None:
-            self.register_models(self._models)
-            found = self._columns.get((table, column))
-        return found
-
-    def columns(self) -> list[SemanticColumn]:
-        """Every registered SemanticText column."""
-        if self._models is not None:
-            self.register_models(self._models)
-        return list(self._columns.values())
-
-    # -- the outbox and syncing ---------------------------------------------------------------
-
-    def ensure_outbox(self, conn: Connection) -> None:
-        """Create the outbox table on ``conn``'s database if missing, in ``conn``'s transaction.
-
-        The check stops once a transaction that saw the table has committed
-        (:meth:`outbox_committed`): a table created in a transaction that rolls back is gone.
-        """
-        if self.create_outbox and id(conn.engine) not in self._outbox_ready:
-            outbox.outbox.create(conn, checkfirst=True)
-
-    def outbox_committed(self, engine: Engine) -> None:
-        """Record that ``engine``'s database has the outbox table for good."""
-        self._outbox_ready.add(id(engine))
-
-    def remember_engine(self, engine: Engine) -> None:
-        """Remember an engine whose sessions wrote jobs (for :meth:`drain` without arguments)."""
-        self._engines.setdefault(id(engine), engine)
-
-    def committed(self, engine: Engine, keys: Sequence[JobKey]) -> None:
-        """Called after a commit wrote jobs for ``keys``: process them now in inline mode.
-
-        Never raises: the commit has happened, and a failed job stays in the outbox.
-        """
-        self.outbox_committed(engine)
-        if self.mode != "inline":
-            return
-        try:
-            self._syncer.process(engine, keys=keys, limit=max(len(keys) * 2, 16))
-        except Exception:
-            log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
-
-    def engine_for(self, bind: Engine | sessionmaker[Any] | None = None) -> Engine:
-        """The engine whose outbox to process: ``bind``'s, or the one installed sessions use.
-
-        Raises:
-            ConfigurationError: If ``bind`` is ``None`` and no single engine is known.
-        """
-        if isinstance(bind, Engine):
-            return bind
-        if isinstance(bind, sessionmaker):
-            engine = bind.kw.get("bind")
-            if isinstance(engine, Engine):
-                return engine
-            raise ConfigurationError("that sessionmaker has no bind=Engine to process jobs with")
-        if len(self._engines) == 1:
-            return next(iter(self._engines.values()))
-        raise ConfigurationError("pass the Engine (or sessionmaker) whose outbox to process")
-
-    def process(
-        self, bind: Engine | sessionmaker[Any] | None = None, *, limit: int = 256
-    ) -> ProcessReport:
-        """Process one batch of due jobs; returns what happened."""
-        return self._syncer.process(self.engine_for(bind), limit=limit)
-
-    def drain(
-        self,
-        bind: Engine | sessionmaker[Any] | None = None,
-        *,
-        timeout: float | None = 60.0,
-        limit: int = 256,
-    ) -> ProcessReport:
-        """Block until no job is pending (read-your-writes for tests and scripts).
-
-        Jobs waiting for a retry are waited for; dead-lettered jobs are not.
-
-        Raises:
-            TimeoutError: If jobs are still pending after ``timeout`` seconds.
-        """
-        engine = self.engine_for(bind)
-        total = ProcessReport()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            report = self._syncer.process(engine, limit=limit)
-            for name in ("claimed", "done", "retried", "dead", "skipped"):
-                setattr(total, name, getattr(total, name) + getattr(report, name))
-            if report.claimed:
-                continue
-            with engine.connect() as conn:
-                with conn.begin():
-                    self.ensure_outbox(conn)
-                    pending = conn.execute(
-                        select(outbox.outbox.c.next_attempt_at)
-                        .where(outbox.outbox.c.dead.is_(False))
-                        .order_by(outbox.outbox.c.next_attempt_at)
-                        .limit(1)
-                    ).first()
-            if pending is None:
-                return total
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"semantic_orm: jobs still pending after {timeout} s")
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        """Close the vector store."""
-        self.store.close()
-
-
-def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
-    """What differs between a collection's recorded metadata and what ``spec`` would record.
-
-    Compares the model, the dimension and each chunker setting; the library version is not a
-    difference. Settings a collection did not record (older servers) are not compared.
-
-    Returns:
-        ``{setting: (recorded, declared)}``, empty when nothing changed.
-    """
-    if not recorded:
-        return {}
-    changes: dict[str, tuple[Any, Any]] = {}
-    for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
-        if key in recorded and recorded[key] != declared:
-            changes[key] = (recorded[key], declared)
-    old = recorded.get("chunker")
-    new = spec.metadata.get("chunker")
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                changes[f"chunker.{key}"] = (old.get(key), new.get(key))
-    return changes
 
 
 def _mappers(models: Any) -> Iterable[Mapper[Any]]:
@@ -479,3 +164,474 @@ def _mappers(models: Any) -> Iterable[Mapper[Any]]:
     for item in models:
         out.extend(_mappers(item))
     return out
+
+
+class SemanticIndex:
+    """Syncs ``SemanticText`` columns to a vector store and answers semantic searches.
+
+    Args:
+        store: The vector store. Defaults to an :class:`~semantic_orm.stores.EdgeStore` in the
+            directory named by ``$SEMANTIC_ORM_PATH``, else ``./.semantic_orm``.
+        embedder: The default embedder, for columns that name no model. Defaults to
+            all-MiniLM-L6-v2 (loaded on first use).
+        embedders: Embedders by model name, for columns declared with
+            ``SemanticText(model=...)``. A name not listed is loaded with sentence-transformers.
+        collection_prefix: Prepended to every collection name (to share one Qdrant server
+            between applications).
+        mode: ``"inline"`` syncs a commit's rows right after it, in the committing thread;
+            ``"deferred"`` leaves them to a worker.
+        models: Declarative base(s) or mapped classes whose SemanticText columns this index
+            serves. By default, the columns of every mapped class of the process are found
+            when a job, a flush or a search first names them.
+        max_attempts: Permanent failures after which a job is dead-lettered.
+        retry_base: Seconds before the first retry; doubled each attempt.
+        retry_cap: Longest wait between retries, in seconds.
+        lease: Seconds a processor may take over claimed jobs before others may take them.
+        create_outbox: Create the outbox table on first use if it is missing. Set ``False`` when
+            your migrations create it.
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        embedder: Embedder | None = None,
+        *,
+        embedders: Mapping[str, Embedder] | None = None,
+        collection_prefix: str = "",
+        mode: Literal["inline", "deferred"] = "inline",
+        models: Any = None,
+        max_attempts: int = 5,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        lease: float = 300.0,
+        create_outbox: bool = True,
+    ) -> None:
+        if mode not in ("inline", "deferred"):
+            raise ConfigurationError(
+                f"SemanticIndex mode must be 'inline' or 'deferred', got {mode!r}"
+            )
+        if max_attempts < 1:
+            raise ConfigurationError(f"SemanticIndex max_attempts must be >= 1, got {max_attempts}")
+        for name, value in (("retry_base", retry_base), ("retry_cap", retry_cap)):
+            if not value >= 0:
+                raise ConfigurationError(f"SemanticIndex {name} must be >= 0, got {value}")
+        if not lease > 0:
+            raise ConfigurationError(f"SemanticIndex lease must be > 0 seconds, got {lease}")
+        if store is None:
+            from .stores.edge import EdgeStore
+
+            store = EdgeStore(Path(os.environ.get(DEFAULT_PATH_ENV, ".semantic_orm")))
+        self.store: Store = store
+        self.embedder: Embedder = embedder or SentenceTransformerEmbedder(DEFAULT_MODEL)
+        self._embedders: dict[str, Embedder] = dict(embedders or {})
+        self.collection_prefix = collection_prefix
+        self.mode = mode
+        self.create_outbox = create_outbox
+        self.policy = RetryPolicy(max_attempts, retry_base, retry_cap, lease)
+        self.token = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.bindings = Bindings(store, collection_prefix, self._embedder_named)
+        self.applier = Applier(store, self.bindings.check)
+        self.processor = Processor(
+            self._resolve,
+            self.applier,
+            self.policy,
+            token=self.token,
+            gate_for=self.gate_for,
+            blocked=self._blocked,
+        )
+        self._tracker = SessionTracker(
+            StagingHooks(
+                register=self.bindings.register,
+                prepare=self.prepare_outbox,
+                born_leased=self._born_leased,
+                lease=lease,
+                on_commit=self._on_commit,
+                begin=self._begin,
+                end=self._end,
+                mapper_for=self._mapper_for,
+            )
+        )
+        self._models = models
+        self._discovered = False
+        self._engines: dict[str, Engine] = {}
+        self._outbox_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self._gates: weakref.WeakKeyDictionary[Engine, WriteGate] = weakref.WeakKeyDictionary()
+        self._joined: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Connection]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.RLock()
+        self._retry = _Retrier(self)
+
+    def __repr__(self) -> str:
+        return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"
+
+    # -- installation -------------------------------------------------------------------------
+
+    def install(self, target: Any) -> None:
+        """Sync the commits of ``target``'s sessions; installing twice is harmless.
+
+        ``target`` is a ``sessionmaker``, an ``async_sessionmaker``, a ``scoped_session``, a
+        ``Session`` subclass, or one ``Session`` or ``AsyncSession``.
+
+        Raises:
+            ConfigurationError: If another index is already installed on ``target``.
+        """
+        key = _listen_target(target)
+        with _installed_lock:
+            current = _installed.get(key)
+            if current is not None and current is not self:
+                raise ConfigurationError(
+                    f"another SemanticIndex is already installed on {target!r}; uninstall it first"
+                )
+            _installed[key] = self
+        bind = _factory_bind(target)
+        if isinstance(bind, Engine):
+            self.remember_engine(bind)
+            if self.create_outbox:
+                with bind.begin() as conn:
+                    self.prepare_outbox(conn)
+                self._outbox_ready.add(bind)
+        self._tracker.install(key)
+
+    def uninstall(self, target: Any) -> None:
+        """Stop syncing ``target``'s sessions (and, once nothing is installed, retrying)."""
+        key = _listen_target(target)
+        self._tracker.remove(key)
+        with _installed_lock:
+            if _installed.get(key) is self:
+                del _installed[key]
+            still = any(index is self for index in _installed.values())
+        if not still:
+            self._retry.stop()
+            self._retry = _Retrier(self)
+
+    # -- columns and bindings -----------------------------------------------------------------
+
+    def _embedder_named(self, name: str | None) -> Embedder:
+        if name is None or name == self.embedder.name:
+            return self.embedder
+        with self._lock:
+            found = self._embedders.get(name)
+            if found is None:
+                found = self._embedders[name] = SentenceTransformerEmbedder(name)
+        return found
+
+    def binding_for(self, column: SemanticColumn) -> ColumnBinding:
+        """``column`` as this index resolves it: collection, embedder, chunker, fingerprint."""
+        return self.bindings.binding_for(column)
+
+    def register_models(self, models: Any) -> None:
+        """Register the SemanticText columns of a declarative base, registry or classes."""
+        for mapper in _mappers(models):
+            for column in semantic_columns(mapper):
+                self.bindings.register(column)
+
+    def _discover(self) -> None:
+        """Register the columns of ``models=``, or of every mapper of the process."""
+        if self._models is not None:
+            self.register_models(self._models)
+        else:
+            for mapper in all_mappers():
+                for column in semantic_columns(mapper):
+                    try:
+                        self.bindings.register(column)
+                    except ConfigurationError as exc:
+                        log.warning("semantic_orm: %s", exc)
+
+    def column_for(self, table: str, column: str) -> SemanticColumn | None:
+        """The column an outbox job's ``table`` and ``column`` name (``None``: not mapped)."""
+        found = self.bindings.column(table, column)
+        if found is None:
+            self._discover()
+            found = self.bindings.column(table, column)
+        return found
+
+    def columns(self) -> list[SemanticColumn]:
+        """Every SemanticText column this index serves (``models=``, else all it found)."""
+        self._discover()
+        return self.bindings.columns()
+
+    def _resolve(self, table: str, column: str) -> ColumnBinding | None:
+        found = self.column_for(table, column)
+        return None if found is None else self.bindings.binding_for(found)
+
+    def _mapper_for(self, table: Table) -> Mapper[Any] | None:
+        name = table_name(table)
+        for col in self.bindings.columns():
+            if col.table == name:
+                return col.mapper
+        for mapper in all_mappers():
+            if any(table_name(t) == name for t in mapper.tables):
+                return mapper
+        return None
+
+    def verify(self) -> None:
+        """Check every column's collection now, e.g. when the application starts.
+
+        Creates missing collections and raises on the first drifted one, instead of at the
+        first search or sync.
+
+        Raises:
+            EmbeddingDriftError: A column's model, dimension or chunking differs from what built
+                its collection; the message names the change and the command that fixes it.
+        """
+        for column in self.columns():
+            self.bindings.check(self.binding_for(column))
+
+    # -- engines and the outbox ---------------------------------------------------------------
+
+    def remember_engine(self, engine: Engine) -> None:
+        """Remember an engine whose sessions write jobs (for :meth:`drain` without arguments)."""
+        self._engines.setdefault(engine.url.render_as_string(hide_password=True), engine)
+
+    def engine_for(self, bind: Engine | sessionmaker[Any] | Any = None) -> Engine:
+        """The engine whose outbox to process: ``bind``'s, or the one installed sessions use.
+
+        ``bind`` may be an ``Engine``, an ``AsyncEngine``, or a (async) sessionmaker bound to
+        one.
+
+        Raises:
+            ConfigurationError: If ``bind`` is ``None`` and no single engine is known.
+        """
+        if isinstance(bind, Engine):
+            return bind
+        sync = getattr(bind, "sync_engine", None)
+        if isinstance(sync, Engine):
+            return sync
+        if bind is not None:
+            engine = _factory_bind(bind)
+            if engine is not None:
+                return self.engine_for(engine)
+            raise ConfigurationError(
+                f"{bind!r} has no bind=Engine to process jobs with: pass the Engine"
+            )
+        if len(self._engines) == 1:
+            return next(iter(self._engines.values()))
+        raise ConfigurationError("pass the Engine (or sessionmaker) whose outbox to process")
+
+    def gate_for(self, engine: Engine) -> WriteGate | None:
+        """The write gate of a SQLite engine (``None`` for other databases)."""
+        if engine.dialect.name != "sqlite":
+            return None
+        with self._lock:
+            gate = self._gates.get(engine)
+            if gate is None:
+                gate = self._gates[engine] = WriteGate()
+            return gate
+
+    def _begin(self, engine: Engine, conn: Connection, joined: bool) -> None:
+        self.remember_engine(engine)
+        gate = self.gate_for(engine)
+        if gate is not None:
+            gate.enter()
+        if joined:
+            self._joined.setdefault(engine, weakref.WeakSet()).add(conn)
+
+    def _end(self, engine: Engine, conn: Connection, joined: bool) -> None:
+        gate = self.gate_for(engine)
+        if gate is not None:
+            gate.leave()
+
+    def _blocked(self, engine: Engine) -> bool:
+        """Whether a pass on ``engine`` would share an open transaction's driver connection."""
+        if not _shared_pool(engine):
+            return False
+        gate = self.gate_for(engine)
+        if gate is not None and gate.open_transactions():
+            return True
+        return any(c.in_transaction() for c in self._joined.get(engine, ()))
+
+    def _born_leased(self, conn: Connection) -> str | None:
+        """Jobs of an inline SQLite commit are born leased to this index (no claim needed)."""
+        if self.mode == "inline" and conn.dialect.name == "sqlite":
+            return self.token
+        return None
+
+    def prepare_outbox(self, conn: Connection) -> None:
+        """Make sure ``conn``'s database has the outbox, without failing the caller's work.
+
+        The table is created in a transaction of its own (serialized on PostgreSQL), so that
+        concurrent first commits cannot collide and a caller's rollback cannot undo it. Where
+        the pool would hand back the caller's own driver connection (SQLite in memory), it is
+        created in the caller's transaction instead, and checked again until a commit made it
+        durable.
+        """
+        engine = conn.engine
+        if not self.create_outbox or engine in self._outbox_ready:
+            return
+        if _shared_pool(engine):  # a second checkout would be this very driver connection
+            outbox.create_tables(conn)
+            return
+        try:
+            with engine.connect() as other, other.begin():
+                if other.dialect.name == "postgresql":
+                    other.execute(select(func.pg_advisory_xact_lock(_OUTBOX_LOCK)))
+                outbox.create_tables(other)
+        except Exception as exc:
+            if inspect(conn).has_table(outbox.OUTBOX_TABLE):
+                self._outbox_ready.add(engine)
+                return
+            raise ConfigurationError(
+                f"semantic_orm could not create its outbox table {outbox.OUTBOX_TABLE!r} on "
+                f"{engine.url.render_as_string(hide_password=True)}: {exc}. Create it with your "
+                "migrations (semantic_orm.outbox.metadata) and pass create_outbox=False"
+            ) from exc
+        self._outbox_ready.add(engine)
+
+    # -- processing ---------------------------------------------------------------------------
+
+    def _on_commit(self, engine: Engine, staged: Staged) -> None:
+        """After a durable commit: process its jobs inline. Never raises."""
+        self._outbox_ready.add(engine)
+        self.remember_engine(engine)
+        if self.mode != "inline":
+            return
+        reports: list[ProcessReport] = []
+        try:
+            if staged.born:
+                reports.append(self.processor.process(engine, claimed=staged.born))
+            born = {job.id for job in staged.born}
+            rest = [i for i in staged.ids if i not in born]
+            if rest:
+                reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
+        except Exception:
+            log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
+            reports.append(ProcessReport(blocked=True))
+        troubled = any(r.retried or r.lost or r.skipped or r.blocked or r.unknown for r in reports)
+        self._retry.poke(engine, first_look=not troubled)
+
+    def process(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
+        """Process one batch of due jobs; returns what happened."""
+        return self.processor.process(self.engine_for(bind), limit=limit)
+
+    def drain(
+        self, bind: Any = None, *, timeout: float | None = 60.0, limit: int = 256
+    ) -> ProcessReport:
+        """Block until no job is pending (read-your-writes for tests and scripts).
+
+        Jobs waiting for a retry are waited for; dead-lettered jobs are not.
+
+        Raises:
+            TimeoutError: Jobs are still pending after ``timeout`` seconds; the message names
+                them, with their attempts and last error.
+        """
+        engine = self.engine_for(bind)
+        total = ProcessReport()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            report = self.processor.process(engine, limit=limit)
+            total.add(report)
+            expired = deadline is not None and time.monotonic() > deadline
+            if report.claimed and not expired:
+                continue
+            with engine.connect() as conn:
+                due = (
+                    outbox.next_due(conn) if inspect(conn).has_table(outbox.OUTBOX_TABLE) else None
+                )
+                if due is None:
+                    return total
+                if expired:
+                    raise TimeoutError(_stuck(conn, timeout))
+            wait = (due - outbox.utcnow()).total_seconds()
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+            time.sleep(min(max(wait, 0.01), 0.25))
+
+    def close(self) -> None:
+        """Stop background retries and close the vector store."""
+        self._retry.stop()
+        self.store.close()
+
+
+def _stuck(conn: Connection, timeout: float | None) -> str:
+    rows = outbox.pending(conn, limit=5)
+    total = sum(c["pending"] for c in outbox.counts(conn).values())
+    listed = "; ".join(
+        f"{r['table_name']}.{r['column_name']} {r['row_pk']} (attempts {r['attempts']}"
+        + (f", last error: {r['last_error'][:200]}" if r["last_error"] else "")
+        + (", claimed by another processor" if r["claimed_by"] and not r["last_error"] else "")
+        + ")"
+        for r in rows
+    )
+    return f"semantic_orm: {total} jobs still pending after {timeout} s: {listed}"
+
+
+def _shared_pool(engine: Engine) -> bool:
+    """Whether ``engine``'s pool hands callers the same driver connection (SQLite in memory)."""
+    return isinstance(engine.pool, (StaticPool, SingletonThreadPool))
+
+
+def _factory_bind(target: Any) -> Any:
+    """The ``bind`` a (scoped / async) sessionmaker was made with, if any."""
+    if isinstance(target, scoped_session):
+        target = target.session_factory
+    kw = getattr(target, "kw", None)
+    return kw.get("bind") if isinstance(kw, dict) else None
+
+
+class _Retrier:
+    """Retries failed jobs in a background thread, so inline mode needs no worker.
+
+    The first inline commit on an engine pokes it (jobs an earlier run left behind), and so does
+    every commit whose sync failed. It then processes due jobs until none is left and sleeps
+    until the next retry is due, for as long as jobs are pending. It never runs in the
+    committing thread, so a backlog never slows a commit.
+    """
+
+    def __init__(self, index: SemanticIndex, interval: float = 1.0) -> None:
+        self._index = weakref.ref(index)
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def poke(self, engine: Engine, *, first_look: bool = False) -> None:
+        """A commit happened on ``engine``: look for due jobs soon.
+
+        With ``first_look`` (the commit itself synced fine) only the first commit on an engine
+        looks, for jobs left by an earlier run; a failed sync always does.
+        """
+        if self._stopped.is_set() or (first_look and engine in self._looked):
+            return
+        self._looked.add(engine)
+        self._engines.add(engine)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="semantic-orm-retry", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        sleep: float | None = None
+        while not self._stopped.is_set():
+            self._wake.wait(sleep)
+            self._wake.clear()
+            sleep = None
+            for engine in list(self._engines):
+                index = self._index()
+                if index is None or self._stopped.is_set():
+                    return
+                try:
+                    while not self._stopped.is_set():
+                        report = index.processor.process(engine, limit=64)
+                        if not report.claimed or report.blocked:
+                            break
+                    with engine.connect() as conn:
+                        due = outbox.next_due(conn)
+                except Exception:
+                    log.debug("semantic_orm: background retry failed", exc_info=True)
+                    due = outbox.utcnow() + dt.timedelta(seconds=self.interval)
+                if due is not None:  # wake up when the next retry is due
+                    left = (due - outbox.utcnow()).total_seconds()
+                    left = min(max(left, self.interval / 20), 60.0)
+                    sleep = left if sleep is None else min(sleep, left)
+
+    def stop(self) -> None:
+        """Stop the thread (at the end of its current pass)."""
+        self._stopped.set()
+        self._wake.set()

@@ -1,23 +1,32 @@
-"""Backfill, rebuilds and health: ``reindex``, ``rebuild``, ``gc`` and ``status``.
+"""Backfill, reconciliation, rebuilds and health: ``reindex``, ``reconcile``, ``rebuild``,
+``gc`` and ``status``.
 
 ``reindex`` queues a job for every row of a model that has no vectors yet (or for every row with
 ``all_rows=True``), committing the jobs in batches, then drains them with a progress bar. It is
 resumable: rows indexed before an interruption are skipped next time, and queued jobs survive in
 the outbox. Unchanged chunks keep their vectors, so re-running it on an indexed table is cheap.
 
+``reconcile`` converges writes no session saw (raw SQL, database cascades, another
+application): it compares each row's text hash with the one its points record, queues the rows
+that differ or are missing, and queues the keys the index holds that SQL no longer has (their
+points go). It pages through both sides in primary-key order (bounded memory on any size),
+records its progress in ``semantic_orm_checkpoint`` after every page (an interrupted pass
+resumes where it stopped) and reports counts.
+
 ``rebuild`` re-embeds a column whose model or chunk settings changed into a new collection while
 searches keep using the old one, then switches over (``semantic-orm reindex ... --rebuild``).
 ``gc`` finds the collections of dropped or renamed columns and of abandoned rebuilds
-(``semantic-orm gc [--dry-run]``). ``status`` reports lag and drift per column.
+(``semantic-orm gc [--dry-run]``). ``status`` reports lag, drift and errors per column.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import sys
-import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -25,61 +34,99 @@ from sqlalchemy import Engine, func, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import outbox
-from .exc import CollectionMismatchError, ConfigurationError, SyncError
-from .index import SemanticIndex, drift
-from .mapping import SemanticColumn, row_key, semantic_columns
+from .applying import SyncOp, text_hash
+from .binding import ColumnBinding, drift
+from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
+from .index import SemanticIndex
+from .mapping import SemanticColumn, key_values, row_key, rows_page, semantic_columns
+from .outbox import JobKey
+from .processing import read_values
+from .stores.base import Filter, Match, MatchAny, PointPayload
 from .stores.edge import EdgeStore
-from .sync import SyncOp, is_transient, read_values
 
 __all__ = [
     "REBUILD_MARK",
     "ColumnStatus",
     "Orphan",
-    "Progress",
     "RebuildReport",
+    "ReconcileReport",
     "gc",
     "rebuild",
     "rebuild_name",
+    "reconcile",
     "reindex",
     "status",
 ]
 
 log = logging.getLogger("semantic_orm")
 
+_PAGE = 1000
 
-class Progress:
-    """A one-line progress bar with rate and ETA, written to a terminal (or any stream)."""
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
-        self.total = total
-        self.label = label
-        self.done = 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.started = time.monotonic()
+def _bar(total: int | None, label: str, progress: bool | TextIO) -> Any:
+    """A tqdm progress bar on stderr (or ``progress``, a stream); ``None`` when not wanted."""
+    if progress is False:
+        return None
+    from tqdm import tqdm
 
-    def advance(self, n: int) -> None:
-        """Count ``n`` more items done and redraw."""
-        self.done += n
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        remaining = (self.total - self.done) / rate if rate > 0 else float("inf")
-        width = 30
-        filled = int(width * self.done / self.total) if self.total else width
-        eta = f"{remaining:5.0f}s" if remaining != float("inf") else "    ?"
-        self.stream.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{self.done}/{self.total}  {rate:7.1f}/s  ETA {eta}"
+    if progress is True:
+        return tqdm(total=total, desc=label, file=sys.stderr, unit="row", dynamic_ncols=True)
+    # a stream of the caller's: every update is written (no rate limit)
+    return tqdm(total=total, desc=label, file=progress, unit="row", mininterval=0, miniters=1)
+
+
+def _columns(model: type[Any], column: str | None = None) -> list[SemanticColumn]:
+    mapper = inspect(model)
+    columns = [c for c in semantic_columns(mapper) if column is None or c.key == column]
+    if not columns:
+        raise ConfigurationError(
+            f"{model.__name__} has no SemanticText column"
+            + (f" named {column!r}" if column is not None else "")
         )
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the line."""
-        self.stream.write("\n")
-        self.stream.flush()
+    return columns
 
 
-def _indexed_keys(index: SemanticIndex, column: SemanticColumn) -> set[str]:
-    return {str(p.payload["pk"]) for p in index.store.points(index.collection_name(column))}
+_FIRST_CHUNK = Match(PointPayload.CHUNK_INDEX_KEY, 0)
+
+
+def _first_chunks(
+    index: SemanticIndex, collection: str, pks: Sequence[str]
+) -> dict[str, PointPayload]:
+    """The payload of each row's first chunk, for the rows of ``pks`` the index holds."""
+    found: dict[str, PointPayload] = {}
+    where = Filter(must=(MatchAny(PointPayload.PK_KEY, tuple(pks)), _FIRST_CHUNK))
+    offset: Any = None
+    while pks:
+        hits, offset = index.store.scroll(collection, offset=offset, limit=_PAGE, where=where)
+        for hit in hits:
+            payload = PointPayload.from_dict(hit.payload)
+            found[payload.pk] = payload
+        if offset is None:
+            return found
+    return found
+
+
+def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[PointPayload]]:
+    """The first-chunk payloads of every row the index holds, a page at a time."""
+    offset: Any = None
+    where = Filter(must=(_FIRST_CHUNK,))
+    while True:
+        hits, offset = index.store.scroll(collection, offset=offset, limit=_PAGE, where=where)
+        yield [PointPayload.from_dict(h.payload) for h in hits]
+        if offset is None:
+            return
+
+
+def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progress: Any) -> None:
+    bar = _bar(queued, label, progress) if queued else None
+    while True:
+        report = index.process(engine, limit=_PAGE // 2)
+        if bar is not None and report.done:
+            bar.update(report.done)
+        if report.claimed == 0:
+            break
+    if bar is not None:
+        bar.close()
 
 
 def reindex(
@@ -106,43 +153,198 @@ def reindex(
     Returns:
         The number of jobs queued.
     """
-    mapper = inspect(model)
-    columns = semantic_columns(mapper)
-    if not columns:
-        raise ConfigurationError(f"{model.__name__} has no SemanticText column")
+    columns = _columns(model)
     engine = index.engine_for(bind)
-    for col in columns:
-        index.register_column(col)
     queued = 0
-    stream = None if progress is False else (sys.stderr if progress is True else progress)
-    with engine.begin() as conn:
-        index.ensure_outbox(conn)
-    # read every key first: on SQLite an open read cursor would block the job writes
-    keys = _table_keys(engine, columns[0])
     for col in columns:
-        have = set() if all_rows else _indexed_keys(index, col)
-        bar = Progress(len(keys), f"queue {col.label}", stream) if stream else None
-        for start in range(0, len(keys), batch_size):
-            part = keys[start : start + batch_size]
-            todo = [(col.table, col.column.name, k) for k in part if k not in have]
+        binding = index.binding_for(col)
+        bar = _bar(None, f"queue {col.label}", progress)
+        for page in _pages(engine, col, (), batch_size):
+            keys = [key for key, _ in page]
+            have = {} if all_rows else _first_chunks(index, binding.collection, keys)
+            todo = [JobKey(col.table, col.name, k) for k in keys if k not in have]
             with engine.begin() as writer:
+                index.prepare_outbox(writer)
                 outbox.enqueue(writer, todo)
             queued += len(todo)
-            if bar:
-                bar.advance(len(part))
-        if bar:
+            if bar is not None:
+                bar.update(len(keys))
+        if bar is not None:
             bar.close()
     if process and queued:
-        bar = Progress(queued, f"embed {model.__name__}", stream) if stream else None
-        while True:
-            report = index.process(engine, limit=batch_size)
-            if bar and report.done:
-                bar.advance(report.done)
-            if report.claimed == 0:
-                break
-        if bar:
-            bar.close()
+        _drain(index, engine, queued, f"embed {model.__name__}", progress)
     return queued
+
+
+# -- reconciliation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What :func:`reconcile` found for one column (and queued to fix it)."""
+
+    column: str
+    rows: int
+    """Rows compared in this pass."""
+    in_sync: int
+    missing: int
+    """Rows with text but no points: queued."""
+    changed: int
+    """Rows whose text (or settings) differ from what their points record: queued."""
+    emptied: int
+    """Rows without text that still have points: queued (their points go)."""
+    orphans: int
+    """Keys the index holds that the table no longer has: queued (their points go)."""
+    resumed: bool
+    """Whether the pass started from a checkpoint left by an interrupted one."""
+
+    @property
+    def queued(self) -> int:
+        """Jobs this pass queued."""
+        return self.missing + self.changed + self.emptied + self.orphans
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {**dataclasses.asdict(self), "queued": self.queued}
+
+
+def reconcile(
+    index: SemanticIndex,
+    model: type[Any] | None = None,
+    bind: Engine | sessionmaker[Any] | None = None,
+    *,
+    batch_size: int = _PAGE,
+    process: bool = True,
+    restart: bool = False,
+    progress: bool | TextIO = False,
+) -> list[ReconcileReport]:
+    """Compare SQL with the index by primary key and text hash; queue what differs.
+
+    Use it after writes that no installed session saw: raw SQL (``UPDATE ... SET body = ...``),
+    ``ON DELETE CASCADE`` / ``ON UPDATE CASCADE`` on a table with a SemanticText column, bulk
+    loads, another application writing the same database, or a restore of either side.
+
+    Args:
+        index: The application's index.
+        model: Only this mapped class (default: every column the index serves).
+        bind: Engine or sessionmaker of the database.
+        batch_size: Rows per page (and per committed batch of jobs).
+        process: Drain the queued jobs before returning.
+        restart: Ignore the checkpoint of an interrupted pass and start from the beginning.
+        progress: Show a progress bar (``True`` for stderr, or a stream).
+
+    Returns:
+        One report per column.
+    """
+    engine = index.engine_for(bind)
+    columns = _columns(model) if model is not None else _present(index, engine)
+    with engine.begin() as conn:
+        index.prepare_outbox(conn)
+    reports = [_reconcile(index, engine, c, batch_size, restart, progress) for c in columns]
+    queued = sum(r.queued for r in reports)
+    if process and queued:
+        _drain(index, engine, queued, "sync", progress)
+    return reports
+
+
+def _reconcile(
+    index: SemanticIndex,
+    engine: Engine,
+    col: SemanticColumn,
+    batch: int,
+    restart: bool,
+    progress: bool | TextIO,
+) -> ReconcileReport:
+    binding = index.binding_for(col)
+    name = f"reconcile:{col.table}.{col.name}"
+    counts = dict.fromkeys(("rows", "in_sync", "missing", "changed", "emptied", "orphans"), 0)
+    with engine.connect() as conn:
+        saved = None if restart else outbox.checkpoint(conn, name)
+    state: dict[str, Any] = json.loads(saved) if saved else {}
+    resumed = bool(state)
+    counts.update(state.get("counts", {}))
+    bar = _bar(None, f"reconcile {col.label}", progress)
+
+    def save(conn: Any, **extra: Any) -> None:
+        outbox.checkpoint(conn, name, json.dumps({"counts": counts, **extra}))
+
+    # SQL -> index: rows missing, changed or emptied
+    if state.get("phase", "rows") == "rows":
+        for page in _pages(engine, col, (col.column,), batch, state.get("after")):
+            stored = _first_chunks(index, binding.collection, [k for k, _ in page])
+            todo: list[JobKey] = []
+            for key, (value,) in page:
+                point = stored.get(key)
+                if value:
+                    if point is None:
+                        counts["missing"] += 1
+                    elif point.text_hash != text_hash(value) or point.config != binding.fingerprint:
+                        counts["changed"] += 1
+                    else:
+                        counts["in_sync"] += 1
+                        continue
+                elif point is not None:
+                    counts["emptied"] += 1
+                else:
+                    counts["in_sync"] += 1
+                    continue
+                todo.append(JobKey(col.table, col.name, key))
+            counts["rows"] += len(page)
+            with engine.begin() as writer:
+                outbox.enqueue(writer, todo)
+                save(writer, phase="rows", after=page[-1][0])
+            if bar is not None:
+                bar.update(len(page))
+        with engine.begin() as writer:
+            save(writer, phase="orphans")
+    # index -> SQL: keys the table no longer has
+    for payloads in _indexed_pages(index, binding.collection):
+        keys = sorted({p.pk for p in payloads if p.pk})
+        if not keys:
+            continue
+        with Session(engine) as session:
+            present = read_values(session, col, keys)
+        gone = [JobKey(col.table, col.name, k) for k in keys if k not in present]
+        counts["orphans"] += len(gone)
+        if gone:
+            with engine.begin() as writer:
+                outbox.enqueue(writer, gone)
+    with engine.begin() as writer:
+        outbox.checkpoint(writer, name, "")  # finished: the next pass starts afresh
+    if bar is not None:
+        bar.close()
+    return ReconcileReport(col.label, resumed=resumed, **counts)
+
+
+def _present(index: SemanticIndex, engine: Engine) -> list[SemanticColumn]:
+    """The index's columns whose table this database has (a process may map others)."""
+    inspector = inspect(engine)
+    return [
+        c
+        for c in index.columns()
+        if inspector.has_table(c.column.table.name, schema=c.column.table.schema)
+    ]
+
+
+def _pages(
+    engine: Engine, col: SemanticColumn, extra: Sequence[Any], batch: int, after: str | None = None
+) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    """``col``'s table as ``(key, extra values)`` pages after row key ``after``, each page read
+    on a fresh connection (no read transaction stays open while the caller writes)."""
+    table = col.column.table
+    last = None if after is None else key_values(col.mapper, after)
+    while True:
+        with engine.connect() as conn:
+            page = rows_page(conn, table, extra, after=last, limit=batch)
+        if not page:
+            return
+        yield [(row_key(pk), values) for pk, values in page]
+        if len(page) < batch:
+            return
+        last = page[-1][0]
+
+
+# -- status --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +360,10 @@ class ColumnStatus:
     oldest_pending_age: float | None  # seconds
     drift: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     """Settings changed since the collection was built: ``{setting: (recorded, declared)}``."""
+    retrying_jobs: int = 0
+    """Pending jobs that failed at least once."""
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The last errors of dead and retrying jobs, grouped by cause."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -168,46 +374,66 @@ class ColumnStatus:
             "rows": self.rows,
             "indexed_rows": self.indexed_rows,
             "pending_jobs": self.pending_jobs,
+            "retrying_jobs": self.retrying_jobs,
             "dead_jobs": self.dead_jobs,
             "oldest_pending_age_s": self.oldest_pending_age,
+            "errors": self.errors,
         }
 
 
 def status(
     index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
 ) -> list[ColumnStatus]:
-    """Rows, indexed rows, pending and dead jobs, lag and drift for each registered column."""
+    """Rows, indexed rows, pending, retrying and dead jobs, lag, drift and errors per column."""
     engine = index.engine_for(bind)
     out: list[ColumnStatus] = []
+    inspector = inspect(engine)
     with engine.connect() as conn:
-        with conn.begin():
-            index.ensure_outbox(conn)
-        jobs = outbox.counts(conn)
+        has_outbox = inspector.has_table(outbox.OUTBOX_TABLE)
+        jobs = outbox.counts(conn) if has_outbox else {}
+        errors = outbox.errors(conn) if has_outbox else []
         now = dt.datetime.now(dt.UTC)
-        for col in index.columns():
-            rows = conn.execute(
-                select(func.count()).select_from(col.mapper.local_table)
-            ).scalar_one()
-            entry = jobs.get((col.table, col.column.name), {})
+        for col in _present(index, engine):
+            table = col.column.table
+            binding = index.binding_for(col)
+            rows = conn.execute(select(func.count()).select_from(table)).scalar_one()
+            entry = jobs.get((col.table, col.name), {})
             oldest = entry.get("oldest_pending")
             if oldest is not None and oldest.tzinfo is None:
                 oldest = oldest.replace(tzinfo=dt.UTC)
             out.append(
                 ColumnStatus(
                     column=col.label,
-                    collection=index.collection_name(col),
+                    collection=binding.collection,
                     rows=int(rows),
-                    indexed_rows=len(_indexed_keys(index, col)),
+                    indexed_rows=sum(len(p) for p in _indexed_pages(index, binding.collection)),
                     pending_jobs=int(entry.get("pending", 0)),
                     dead_jobs=int(entry.get("dead", 0)),
                     oldest_pending_age=None if oldest is None else (now - oldest).total_seconds(),
-                    drift=drift(
-                        index.store.collection_info(index.collection_name(col)),
-                        index.spec_for(col),
-                    ),
+                    drift=index.bindings.drift_of(binding),
+                    retrying_jobs=int(entry.get("retrying", 0)),
+                    errors=[
+                        e for e in errors if (e["table"], e["column"]) == (col.table, col.name)
+                    ],
                 )
             )
     return out
+
+
+def unmapped_jobs(
+    index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
+) -> dict[tuple[str, str], int]:
+    """Pending jobs naming a table and column that no model this index knows maps."""
+    engine = index.engine_for(bind)
+    if not inspect(engine).has_table(outbox.OUTBOX_TABLE):
+        return {}
+    with engine.connect() as conn:
+        jobs = outbox.counts(conn)
+    return {
+        key: entry["pending"] + entry["dead"]
+        for key, entry in jobs.items()
+        if index.column_for(*key) is None
+    }
 
 
 # -- rebuilds -----------------------------------------------------------------------------------
@@ -222,7 +448,11 @@ def rebuild_name(index: SemanticIndex, column: SemanticColumn) -> str:
     It depends on the model, dimension and chunking, so an interrupted rebuild resumes in the
     same collection, and one for other settings starts afresh.
     """
-    return f"{index.collection_name(column)}{REBUILD_MARK}{index.fingerprint(column)[:12]}"
+    return _build_name(index.binding_for(column))
+
+
+def _build_name(binding: ColumnBinding) -> str:
+    return f"{binding.collection}{REBUILD_MARK}{binding.fingerprint[:12]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,41 +508,32 @@ def rebuild(
         ConfigurationError: The model has no such semantic column.
         SyncError: The store or the embedder failed (run again to resume).
     """
-    mapper = inspect(model)
-    columns = [c for c in semantic_columns(mapper) if column is None or c.key == column]
-    if not columns:
-        raise ConfigurationError(
-            f"{model.__name__} has no SemanticText column"
-            + (f" named {column!r}" if column is not None else "")
-        )
+    columns = _columns(model, column)
     engine = index.engine_for(bind)
-    stream = None if progress is False else (sys.stderr if progress is True else progress)
-    keys = _table_keys(engine, columns[0])
     reports: list[RebuildReport] = []
     for col in columns:
-        index.register_column(col)
-        live = index.collection_name(col)
+        binding = index.binding_for(col)
+        live = binding.collection
         index.store.collection_info(live)  # Qdrant Edge: fails now if another process holds it
-        target = rebuild_name(index, col)
-        spec = dataclasses.replace(index.spec_for(col), name=target)
+        build = binding.retarget(_build_name(binding))
+        target = build.target
         left = index.store.collection_info(target)
-        if left is not None and drift(left, spec):
+        if left is not None and drift(left, build.spec):
             # not a build for these settings (e.g. the old collection a crash left behind)
             index.store.drop_collection(target)
         try:
-            index.store.ensure_collection(spec)
+            index.store.ensure_collection(build.spec)
         except CollectionMismatchError:  # left by another attempt under the same name
             index.store.drop_collection(target)
-            index.store.ensure_collection(spec)
-        embedded = reused = 0
+            index.store.ensure_collection(build.spec)
+        embedded = reused = rows = 0
         failed: list[str] = []
-        bar = Progress(len(keys), f"rebuild {col.label}", stream) if stream else None
-        for start in range(0, len(keys), batch_size):
-            part = keys[start : start + batch_size]
+        bar = _bar(None, f"rebuild {col.label}", progress)
+        for page in _pages(engine, col, (), batch_size):
+            part = [key for key, _ in page]
             with Session(engine) as session:
                 values = read_values(session, col, part)
-            ops = [SyncOp(col, pk, values.get(pk)) for pk in part]
-            report = index.syncer.apply(ops, into=target)
+            report = index.applier.apply([SyncOp(build, pk, values.get(pk)) for pk in part])
             for group, error in report.failed:
                 if is_transient(error):
                     raise SyncError(
@@ -322,65 +543,64 @@ def rebuild(
                 failed.extend(op.pk for op in group)
             embedded += report.embedded
             reused += report.reused
-            if bar:
-                bar.advance(len(part))
-        if bar:
+            rows += len(part)
+            if bar is not None:
+                bar.update(len(part))
+        if bar is not None:
             bar.close()
         if switch:
-            _switch(index, engine, col, live, target)
+            _switch(index, engine, binding, target)
         reports.append(
-            RebuildReport(
-                col.label, live, target, len(keys), embedded, reused, tuple(failed), switch
-            )
+            RebuildReport(col.label, live, target, rows, embedded, reused, tuple(failed), switch)
         )
     return reports
 
 
 def _table_keys(engine: Engine, column: SemanticColumn) -> list[str]:
-    """Every row key of ``column``'s table, in primary-key order."""
-    pk = column.mapper.primary_key
-    with engine.connect() as conn:
-        return [row_key(tuple(row)) for row in conn.execute(select(*pk).order_by(*pk))]
+    return [key for page in _pages(engine, column, (), _PAGE) for key, _ in page]
 
 
 def _stray_keys(index: SemanticIndex, collection: str, keys: list[str]) -> list[str]:
     """Row keys ``collection`` holds points for that are not in ``keys`` (rows deleted since)."""
-    return sorted({str(p.payload["pk"]) for p in index.store.points(collection)} - set(keys))
+    held = {p.pk for page in _indexed_pages(index, collection) for p in page}
+    return sorted(held - set(keys))
 
 
-def _queue(engine: Engine, index: SemanticIndex, column: SemanticColumn, keys: list[str]) -> None:
+def _queue(engine: Engine, column: SemanticColumn, keys: list[str]) -> None:
     """Queue one job per key for ``column``, committed in batches."""
-    for start in range(0, len(keys), 1000):
+    for start in range(0, len(keys), _PAGE):
         with engine.begin() as conn:
-            index.ensure_outbox(conn)
-            part = keys[start : start + 1000]
-            outbox.enqueue(conn, [(column.table, column.column.name, k) for k in part])
+            part = keys[start : start + _PAGE]
+            outbox.enqueue(conn, [JobKey(column.table, column.name, k) for k in part])
 
 
-def _switch(
-    index: SemanticIndex, engine: Engine, col: SemanticColumn, live: str, target: str
-) -> None:
-    """Switch ``live`` to the finished ``target``, then reconcile writes made meanwhile.
+def _switch(index: SemanticIndex, engine: Engine, binding: ColumnBinding, target: str) -> None:
+    """Switch ``binding``'s collection to the finished ``target``, then reconcile writes made
+    meanwhile.
 
     Writes committed while the rebuild read the table went to the old collection (or waited,
     refused by the drift check), and rows deleted meanwhile may still be in the new one. Every
     row, and every key the new collection holds that the table no longer has, is queued before
     the switch (so a crash right after it still converges) and processed after it, through the
-    outbox so that workers' row locks apply. Unchanged chunks are compared, not embedded.
+    outbox so that the processing leases apply. Unchanged chunks are compared, not embedded.
     """
+    col = binding.column
+    live = binding.collection
     keys = _table_keys(engine, col)
     gone = _stray_keys(index, target, keys)
     if gone:
         index.store.delete_rows(target, [(pk, 0) for pk in gone])
-    _queue(engine, index, col, keys + gone)
+    with engine.begin() as conn:
+        index.prepare_outbox(conn)
+    _queue(engine, col, keys + gone)
     index.store.replace_collection(live, target)
-    index.forget_collection(col)
+    index.bindings.forget(binding)
     log.info("semantic_orm: %s now searches %s (rebuilt)", col.label, live)
     with engine.begin() as conn:
-        outbox.expedite(conn, col.table, col.column.name)  # jobs held back by the drift check
+        outbox.expedite(conn, col.table, col.name)  # jobs held back by the drift check
     # rows deleted or written between the checks above and the switch
     keys = _table_keys(engine, col)
-    _queue(engine, index, col, keys + _stray_keys(index, live, keys))
+    _queue(engine, col, keys + _stray_keys(index, live, keys))
     while index.process(engine, limit=500).claimed:
         pass
 
@@ -423,7 +643,7 @@ def gc(
     kept: its model is probably not imported (pass ``models=`` to the index).
 
     Args:
-        index: The application's index; it must know the models (``models=``).
+        index: The application's index; it must know the models.
         bind: Engine or sessionmaker of the database.
         dry_run: Only list.
         force: Allow an empty ``collection_prefix`` on a Qdrant server (shared servers hold
@@ -450,7 +670,7 @@ def gc(
             "if this server holds only this application's collections"
         )
     engine = index.engine_for(bind)
-    known = {index.collection_name(c): c for c in columns}
+    known = {index.binding_for(c).collection: c for c in columns}
     inspector = inspect(engine)
     found: list[Orphan] = []
     for name in index.store.list_collections():
@@ -465,7 +685,7 @@ def gc(
             removable = True
         elif mark and base in known:
             col = known[base]
-            if digest == index.fingerprint(col)[:12]:
+            if digest == index.binding_for(col).fingerprint[:12]:
                 continue  # a rebuild for the declared settings: resumable, keep it
             reason = f"unfinished rebuild of {col.label} for settings no longer declared"
             removable = True

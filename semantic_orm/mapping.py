@@ -1,9 +1,11 @@
 """Finding ``SemanticText`` columns on mapped classes, and naming rows in the vector store.
 
 :func:`semantic_columns` inspects a mapper once and caches what it finds; handled columns are
-marked in ``Column.info["semantic_orm"]``. A row is named in vector payloads by :func:`row_key`,
-the JSON text of its primary key (``"42"``, ``'"a-slug"'``, ``'[1, "en"]'`` for a composite
-key), which :func:`key_values` turns back into values for a SQL ``IN``.
+marked in ``Column.info["semantic_orm"]``. A row is named in vector payloads and outbox jobs by
+:func:`row_key`, the JSON text of its primary key (``"42"``, ``'"a-slug"'``, ``'[1, "en"]'`` for
+a composite key), which :func:`key_values` turns back into values for a SQL ``IN``.
+:func:`iter_keys` pages through every key of a table in primary-key order (keyset pagination,
+so memory stays bounded on any table size).
 """
 
 from __future__ import annotations
@@ -11,19 +13,36 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column
+from sqlalchemy import Column, Connection, Table, and_, or_, select, tuple_
 from sqlalchemy.orm import Mapper
 from sqlalchemy.sql.elements import ColumnElement
 
 from .column import SemanticText
 
-__all__ = ["SemanticColumn", "key_values", "row_key", "semantic_columns"]
+__all__ = [
+    "SemanticColumn",
+    "all_mappers",
+    "iter_keys",
+    "iter_rows",
+    "key_values",
+    "pk_in",
+    "row_key",
+    "rows_page",
+    "semantic_columns",
+    "table_name",
+]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def table_name(table: Any) -> str:
+    """A table's name as jobs and payloads record it: ``schema.table`` when it has a schema."""
+    schema = getattr(table, "schema", None)
+    return f"{schema}.{table.name}" if schema else str(table.name)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -36,25 +55,28 @@ class SemanticColumn:
     settings: SemanticText
 
     @property
-    def model(self) -> type[Any]:
+    def mapped_class(self) -> type[Any]:
         """The mapped class."""
         return self.mapper.class_
 
     @property
     def table(self) -> str:
         """The table's name (with its schema, if any)."""
-        table = self.column.table
-        schema = getattr(table, "schema", None)
-        return f"{schema}.{table.name}" if schema else str(table.name)
+        return table_name(self.column.table)
+
+    @property
+    def name(self) -> str:
+        """The column's name in the database."""
+        return str(self.column.name)
 
     @property
     def label(self) -> str:
         """``Model.attribute``, for messages."""
-        return f"{self.model.__name__}.{self.key}"
+        return f"{self.mapped_class.__name__}.{self.key}"
 
     def collection(self, prefix: str = "") -> str:
         """The vector collection: ``SemanticText(collection=...)`` or ``<table>__<column>``."""
-        name = self.settings.collection or f"{self.table}__{self.column.name}"
+        name = self.settings.collection or f"{self.table}__{self.name}"
         return prefix + _UNSAFE.sub("_", name)
 
 
@@ -78,6 +100,20 @@ def semantic_columns(mapper: Mapper[Any]) -> tuple[SemanticColumn, ...]:
         with _cache_lock:
             _cache[mapper] = result
     return result
+
+
+def all_mappers() -> list[Mapper[Any]]:
+    """Every mapper of every ORM registry in this process (declarative bases, registries).
+
+    This is how a worker or a command finds the application's models once the module that
+    defines them is imported, without being told which base to look at.
+    """
+    from sqlalchemy.orm import mapperlib
+
+    registries = getattr(mapperlib, "_all_registries", None)  # SQLAlchemy keeps no public list
+    if registries is None:  # pragma: no cover - a future SQLAlchemy
+        return []
+    return [m for reg in list(registries()) for m in list(reg.mappers)]
 
 
 def row_key(identity: Sequence[Any]) -> str:
@@ -107,10 +143,70 @@ def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
 
 def pk_in(mapper: Mapper[Any], keys: Sequence[str]) -> ColumnElement[bool]:
     """A SQL criterion selecting the rows named by ``keys``."""
-    from sqlalchemy import tuple_
-
     pk = mapper.primary_key
     values = [key_values(mapper, k) for k in keys]
     if len(pk) == 1:
         return pk[0].in_([v[0] for v in values])
     return tuple_(*pk).in_(values)
+
+
+def rows_page(
+    conn: Connection,
+    table: Table | Any,
+    extra: Sequence[Any] = (),
+    *,
+    after: Sequence[Any] | None = None,
+    limit: int = 1000,
+) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """One page of ``table``'s rows in primary-key order, after primary key ``after``.
+
+    Each row comes as ``(primary key values, extra column values)``: keyset pagination, so a
+    caller can read page after page with a fresh connection each time and memory stays bounded
+    whatever the table's size.
+
+    Raises:
+        ValueError: The table has no primary key.
+    """
+    pk = list(table.primary_key.columns)
+    if not pk:
+        raise ValueError(f"table {table_name(table)!r} has no primary key")
+    stmt = select(*pk, *extra).order_by(*pk).limit(limit)
+    if after is not None:
+        stmt = stmt.where(_after(pk, tuple(after)))
+    n = len(pk)
+    return [(tuple(row)[:n], tuple(row)[n:]) for row in conn.execute(stmt)]
+
+
+def iter_rows(
+    conn: Connection, table: Table | Any, extra: Sequence[Any] = (), *, batch_size: int = 1000
+) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    """Every row of ``table`` as ``(row key, extra column values)``, a page at a time.
+
+    Each page is read in full before it is yielded, so no cursor stays open while the caller
+    writes on the same connection (SQLite would not allow it).
+    """
+    after: tuple[Any, ...] | None = None
+    while True:
+        page = rows_page(conn, table, extra, after=after, limit=batch_size)
+        if not page:
+            return
+        yield [(row_key(pk), values) for pk, values in page]
+        if len(page) < batch_size:
+            return
+        after = page[-1][0]
+
+
+def iter_keys(
+    conn: Connection, table: Table | Any, *, batch_size: int = 1000
+) -> Iterator[list[str]]:
+    """Every row key of ``table``, ``batch_size`` at a time, in primary-key order
+    (see :func:`iter_rows`)."""
+    for page in iter_rows(conn, table, batch_size=batch_size):
+        yield [key for key, _ in page]
+
+
+def _after(pk: list[Column[Any]], values: tuple[Any, ...]) -> ColumnElement[bool]:
+    """Rows whose key sorts after ``values``, without row-value syntax (any dialect)."""
+    return or_(
+        *(and_(*(pk[j] == values[j] for j in range(i)), pk[i] > values[i]) for i in range(len(pk)))
+    )

@@ -1,28 +1,47 @@
 """The transactional outbox: sync jobs written in the same transaction as the change.
 
-When a flush changes a ``SemanticText`` value, the session also inserts one row into
-``semantic_orm_outbox`` naming the table, the column and the row's primary key. The job commits
-or rolls back with the change itself, so a committed change always has a job and a rolled-back
-one never does. A job carries no text: whoever processes it reads the row's *current* committed
-value, so the index converges to the database whatever order jobs run in.
+When a flush (or a bulk statement) changes a ``SemanticText`` value, the session also inserts one
+row into ``semantic_orm_outbox`` naming the table, the column and the row's primary key: a
+:class:`JobKey`. The job commits or rolls back with the change itself, so a committed change
+always has a job and a rolled-back one never does. A job carries no text: whoever processes it
+reads the row's *current* committed value, so the index converges to the database whatever
+order jobs run in.
 
-After commit the job is processed inline (the default) or left for a worker
-(:class:`~semantic_orm.worker.Worker`, ``semantic-orm worker``). A job that fails stays, with its
-attempt count, last error and next retry time; one that fails permanently ``max_attempts`` times
-is dead-lettered (``dead = true``): visible in ``semantic-orm status``, re-queueable with
-:func:`requeue_dead`, and never in the way of the others.
+Processing follows a lease protocol, so that no database transaction stays open while text is
+embedded (SQLite has one writer: a long transaction would block the application):
 
-The table lives in its own :data:`metadata`. It is created on first use (``CREATE TABLE IF NOT
-EXISTS``); to manage it with Alembic instead, add it to your metadata with
-:func:`include_in` and pass ``create_outbox=False`` to the index.
+1. **claim** (a short transaction): due jobs are leased, ``claimed_by`` a processor's token and
+   ``next_attempt_at`` pushed to the end of the lease. A key (row and column) that another
+   processor holds a live lease on is skipped, so two processors never sync the same row at
+   once. On PostgreSQL the candidates are locked ``FOR UPDATE SKIP LOCKED`` and each key takes
+   a transaction-level advisory lock while the leases are checked and written.
+2. the processor reads the rows, embeds and writes the vector store, outside any transaction;
+3. **settle** (a short transaction): finished jobs are deleted, failed ones get their attempt
+   count, last error and next retry time. A job whose lease expired and was claimed again by
+   someone else is *lost*: the processor queues a fresh job for its key, since its write may
+   have overtaken a newer one.
+
+Jobs can also be born leased (:func:`enqueue` with ``claimed_by``), by the committing process
+that will sync them right after the commit, which then needs no claim transaction.
+
+Failures: every failed attempt counts in ``attempts`` (it sets the backoff); only permanent
+failures count in ``failures``, and a job whose ``failures`` reach ``max_attempts`` is
+dead-lettered (``dead = true``): visible in ``semantic-orm status``, re-queueable with
+:func:`requeue_dead`, cleared when a later job for the same row succeeds, and never in the way
+of the others. A store outage therefore never buries the queue.
+
+The tables live in their own :data:`metadata`: the outbox and ``semantic_orm_checkpoint`` (where
+long maintenance passes record how far they got). They are created on first use; to manage them
+with Alembic instead, add :data:`metadata` to your ``target_metadata`` (or copy the tables with
+:func:`include_in`) and pass ``create_outbox=False`` to the index.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -36,28 +55,41 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    and_,
+    bindparam,
+    case,
     delete,
     func,
     insert,
-    or_,
+    literal_column,
     select,
     update,
 )
 
 __all__ = [
+    "CHECKPOINT_TABLE",
     "OUTBOX_TABLE",
     "Job",
+    "JobKey",
+    "checkpoint",
     "claim",
+    "counts",
+    "dead_letter",
     "enqueue",
+    "errors",
     "expedite",
     "include_in",
     "metadata",
     "outbox",
+    "pending",
     "requeue_dead",
+    "settle_done",
+    "settle_failed",
 ]
 
 OUTBOX_TABLE = "semantic_orm_outbox"
+CHECKPOINT_TABLE = "semantic_orm_checkpoint"
+BATCH = 500
+"""Ids or keys per ``IN`` list: well under SQLite's expression limits on every version."""
 
 metadata = MetaData()
 
@@ -71,18 +103,49 @@ outbox = Table(
     Column("column_name", String(255), nullable=False),
     Column("row_pk", Text, nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
+    Column("failures", Integer, nullable=False, default=0, server_default="0"),
     Column("last_error", Text, nullable=True),
     Column("dead", Boolean, nullable=False, default=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("claimed_by", String(64), nullable=True),
     Index("ix_semantic_orm_outbox_due", "dead", "next_attempt_at"),
     Index("ix_semantic_orm_outbox_row", "table_name", "column_name", "row_pk"),
 )
 
+checkpoints = Table(
+    CHECKPOINT_TABLE,
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+_UPGRADE_COLUMNS = {
+    "failures": "INTEGER NOT NULL DEFAULT 0",
+    "claimed_by": "VARCHAR(64)",
+}
+"""Columns added after the first release, with the DDL that adds them to an older table."""
+
 
 def include_in(target: MetaData) -> Table:
-    """Copy the outbox table into your ``MetaData`` (for Alembic autogenerate)."""
+    """Copy the outbox table into your ``MetaData`` (for Alembic autogenerate).
+
+    The checkpoint table is copied too; the outbox table is returned.
+    """
+    checkpoints.to_metadata(target)
     return outbox.to_metadata(target)
+
+
+def create_tables(conn: Connection) -> None:
+    """Create the outbox and checkpoint tables if missing; add columns an older outbox lacks."""
+    from sqlalchemy import inspect
+
+    metadata.create_all(conn, checkfirst=True)
+    have = {c["name"] for c in inspect(conn).get_columns(OUTBOX_TABLE)}
+    for name, ddl in _UPGRADE_COLUMNS.items():
+        if name not in have:
+            conn.exec_driver_sql(f"ALTER TABLE {OUTBOX_TABLE} ADD COLUMN {name} {ddl}")
 
 
 def utcnow() -> dt.datetime:
@@ -90,123 +153,387 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+class JobKey(NamedTuple):
+    """What a job syncs: one row's value of one semantic column."""
+
+    table: str
+    """The table's name (``schema.table`` when it has a schema)."""
+    column: str
+    """The column's name in the database."""
+    pk: str
+    """The row's key (:func:`semantic_orm.mapping.row_key`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One pending outbox row."""
+    """One outbox row, as claimed (or as written by :func:`enqueue`)."""
 
     id: int
-    table_name: str
-    column_name: str
-    row_pk: str
-    attempts: int
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """``(table, column, primary key)``: the row and column the job syncs."""
-        return (self.table_name, self.column_name, self.row_pk)
+    key: JobKey
+    attempts: int = 0
+    failures: int = 0
+    claimed_by: str | None = None
 
 
-def enqueue(conn: Connection, keys: Iterable[tuple[str, str, str]]) -> int:
-    """Insert one job per ``(table, column, pk)``, on ``conn`` (in its transaction)."""
-    now = utcnow()
-    rows = [
+_COLUMNS = (
+    outbox.c.id,
+    outbox.c.table_name,
+    outbox.c.column_name,
+    outbox.c.row_pk,
+    outbox.c.attempts,
+    outbox.c.failures,
+)
+
+
+def _job(row: Sequence[Any]) -> Job:
+    return Job(int(row[0]), JobKey(row[1], row[2], row[3]), int(row[4]), int(row[5] or 0))
+
+
+def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def enqueue(
+    conn: Connection,
+    keys: Iterable[JobKey | tuple[str, str, str]],
+    *,
+    claimed_by: str | None = None,
+    lease: float = 0.0,
+    now: dt.datetime | None = None,
+) -> list[Job]:
+    """Insert one job per key on ``conn`` (in its transaction), in batches; return the jobs.
+
+    Args:
+        conn: The connection whose transaction the jobs belong to.
+        keys: What to sync.
+        claimed_by: Give the jobs to this processor token at birth (leased for ``lease``
+            seconds), for a process that syncs them right after its commit. Keys another
+            processor holds a live lease on are born unclaimed instead. Use it only where
+            writers are serialized (SQLite): on PostgreSQL claim after the commit.
+        lease: Seconds the birth lease lasts.
+        now: The current time (tests).
+    """
+    rows = [JobKey(*k) for k in keys]
+    if not rows:
+        return []
+    now = now or utcnow()
+    busy = _leased_keys(conn, rows, now=now) if claimed_by else set()
+    values = [
         {
-            "table_name": t,
-            "column_name": c,
-            "row_pk": pk,
+            "table_name": k.table,
+            "column_name": k.column,
+            "row_pk": k.pk,
             "attempts": 0,
+            "failures": 0,
             "dead": False,
-            "next_attempt_at": now,
+            "next_attempt_at": now if not claimed_by or k in busy else now + _seconds(lease),
             "created_at": now,
+            "claimed_by": None if k in busy else claimed_by,
         }
-        for t, c, pk in keys
+        for k in rows
     ]
-    if rows:
-        conn.execute(insert(outbox), rows)
-    return len(rows)
+    jobs: list[Job] = []
+    stmt = insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True)
+    for start in range(0, len(values), 1000):
+        part = values[start : start + 1000]
+        ids = conn.execute(stmt, part).scalars().all()
+        jobs.extend(
+            Job(int(i), key, claimed_by=None if key in busy else claimed_by)
+            for i, key in zip(ids, rows[start : start + 1000], strict=True)
+        )
+    return jobs
+
+
+def _seconds(value: float) -> dt.timedelta:
+    return dt.timedelta(seconds=value)
+
+
+def _key_groups(keys: Iterable[JobKey]) -> dict[tuple[str, str], list[str]]:
+    groups: dict[tuple[str, str], list[str]] = {}
+    for key in keys:
+        groups.setdefault((key.table, key.column), []).append(key.pk)
+    return groups
+
+
+def _leased_keys(
+    conn: Connection,
+    keys: Iterable[JobKey],
+    *,
+    now: dt.datetime,
+    besides: Set[int] = frozenset(),
+) -> set[JobKey]:
+    """Keys with a live lease on one of their jobs (other than the jobs ``besides``).
+
+    Any processor's lease counts, this process's too: two passes never sync one row at once.
+    """
+    busy: set[JobKey] = set()
+    for (table, column), pks in _key_groups(set(keys)).items():
+        for part in _chunks(pks):
+            stmt = select(outbox.c.id, outbox.c.row_pk).where(
+                outbox.c.table_name == table,
+                outbox.c.column_name == column,
+                outbox.c.row_pk.in_(part),
+                outbox.c.claimed_by.is_not(None),
+                outbox.c.next_attempt_at > now,
+                outbox.c.dead.is_(False),
+            )
+            busy.update(
+                JobKey(table, column, pk) for i, pk in conn.execute(stmt) if i not in besides
+            )
+    return busy
 
 
 def claim(
     conn: Connection,
     *,
+    token: str,
+    lease: float,
     limit: int,
-    keys: Sequence[tuple[str, str, str]] | None = None,
+    ids: Sequence[int] | None = None,
     now: dt.datetime | None = None,
 ) -> list[Job]:
-    """Lock and return up to ``limit`` due jobs (or the jobs of ``keys``), oldest first.
+    """Lease up to ``limit`` due jobs (or the claimable ones among ``ids``), oldest first.
 
-    On PostgreSQL the rows are locked ``FOR UPDATE SKIP LOCKED``: concurrent workers each get
-    different jobs, and a job stays claimed until the claiming transaction ends.
+    Run it in its own short transaction: the leases become visible to other processors when it
+    commits. Among ``ids``, jobs already leased to ``token`` count as claimable (they were born
+    leased to it by the commit that wrote them).
+
+    Args:
+        conn: A connection in a transaction (``BEGIN IMMEDIATE`` on SQLite is best).
+        token: This processor's identity, written to ``claimed_by``.
+        lease: Seconds the processor may take before its jobs are due again for others.
+        limit: Most jobs to claim.
+        ids: Claim only among these jobs (e.g. those a commit just wrote).
+        now: The current time (tests).
     """
-    stmt = select(
-        outbox.c.id, outbox.c.table_name, outbox.c.column_name, outbox.c.row_pk, outbox.c.attempts
-    ).where(outbox.c.dead.is_(False))
-    if keys is not None:
-        if not keys:
-            return []
-        stmt = stmt.where(
-            or_(
-                *(
-                    and_(
-                        outbox.c.table_name == t,
-                        outbox.c.column_name == c,
-                        outbox.c.row_pk == pk,
-                    )
-                    for t, c, pk in keys
-                )
+    now = now or utcnow()
+    due = outbox.c.next_attempt_at <= now
+    if ids is not None:
+        due = due | (outbox.c.claimed_by == token)
+    base = select(*_COLUMNS).where(outbox.c.dead.is_(False)).where(due).order_by(outbox.c.id)
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        base = base.with_for_update(skip_locked=True)
+    found: list[Job] = []
+    if ids is None:
+        found = [_job(r) for r in conn.execute(base.limit(limit))]
+    else:
+        for part in _chunks(list(ids)):
+            found.extend(_job(r) for r in conn.execute(base.where(outbox.c.id.in_(part))))
+        found = found[:limit]
+    if not found:
+        return []
+    keys = {job.key for job in found}
+    if postgres:
+        keys = _advisory_locked(conn, keys)
+    keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
+    jobs = [job for job in found if job.key in keys]
+    for part in _chunks([job.id for job in jobs]):
+        conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(part))
+            .values(claimed_by=token, next_attempt_at=now + _seconds(lease))
+        )
+    return jobs
+
+
+def _advisory_locked(conn: Connection, keys: set[JobKey]) -> set[JobKey]:
+    """The keys whose transaction-level advisory lock this PostgreSQL transaction obtained."""
+    ordered = sorted(keys)
+    names = ["\x1f".join(k) for k in ordered]
+    locked = conn.execute(
+        select(
+            literal_column("k"),
+            func.pg_try_advisory_xact_lock(func.hashtextextended(literal_column("k"), 0)),
+        ).select_from(func.unnest(bindparam("names", names, type_=_text_array())).alias("k"))
+    ).all()
+    ok = {name for name, got in locked if got}
+    return {k for k, name in zip(ordered, names, strict=True) if name in ok}
+
+
+def _text_array() -> Any:
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    return ARRAY(Text)
+
+
+def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[JobKey]:
+    """Delete finished jobs still leased to ``token``, and the older (or dead) jobs of their
+    rows that they supersede.
+
+    Returns:
+        The keys of jobs whose lease was lost (expired and claimed by another processor, or
+        already settled by it). The caller should queue them again: its write may have
+        overtaken a newer one.
+    """
+    ids = [job.id for job in jobs]
+    now = utcnow()
+    # older jobs of the same rows are superseded: the value synced was read after they committed
+    # (jobs of one row are numbered in commit order), unless another processor holds them now
+    newest = outbox.alias("newest")
+    for part in _chunks(ids):
+        latest = (
+            select(func.max(newest.c.id))
+            .where(
+                newest.c.table_name == outbox.c.table_name,
+                newest.c.column_name == outbox.c.column_name,
+                newest.c.row_pk == outbox.c.row_pk,
+                newest.c.id.in_(part),
+            )
+            .scalar_subquery()
+        )
+        conn.execute(
+            delete(outbox).where(
+                outbox.c.id.not_in(part),
+                outbox.c.id < latest,
+                outbox.c.dead.is_(True)
+                | outbox.c.claimed_by.is_(None)
+                | (outbox.c.next_attempt_at <= now),
             )
         )
-    else:
-        stmt = stmt.where(outbox.c.next_attempt_at <= (now or utcnow()))
-    stmt = stmt.order_by(outbox.c.id).limit(limit)
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
-    return [Job(*row) for row in conn.execute(stmt)]
+    gone: set[int] = set()
+    for part in _chunks(ids):
+        result = conn.execute(
+            delete(outbox)
+            .where(outbox.c.id.in_(part), outbox.c.claimed_by == token)
+            .returning(outbox.c.id)
+        )
+        gone.update(int(i) for i in result.scalars())
+    return sorted({job.key for job in jobs if job.id not in gone})
 
 
-def finish(conn: Connection, ids: Sequence[int]) -> None:
-    """Delete jobs that were processed."""
-    for start in range(0, len(ids), 500):
-        conn.execute(delete(outbox).where(outbox.c.id.in_(ids[start : start + 500])))
-
-
-def fail(
+def settle_failed(
     conn: Connection,
     jobs: Sequence[Job],
     error: BaseException,
     *,
-    retry_in: dt.timedelta,
-    dead: bool,
-) -> None:
-    """Record a failed attempt: bump attempts, keep the error, schedule the retry or bury it."""
+    token: str,
+    permanent: bool,
+    retry_in: float,
+    max_failures: int,
+) -> int:
+    """Record a failed attempt of ``jobs``; returns how many were dead-lettered.
+
+    Every attempt counts in ``attempts`` (the backoff); a permanent failure also counts in
+    ``failures``, and a job whose failures reach ``max_failures`` is dead-lettered.
+    """
     message = f"{type(error).__name__}: {error}"[:2000]
-    ids = [job.id for job in jobs]
-    conn.execute(
-        update(outbox)
-        .where(outbox.c.id.in_(ids))
-        .values(
-            attempts=outbox.c.attempts + 1,
-            last_error=message,
-            dead=dead,
-            next_attempt_at=utcnow() + retry_in,
+    failures = outbox.c.failures + (1 if permanent else 0)
+    dead = 0
+    for part in _chunks([job.id for job in jobs]):
+        result = conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(part), outbox.c.claimed_by == token)
+            .values(
+                attempts=outbox.c.attempts + 1,
+                failures=failures,
+                last_error=message,
+                dead=case((failures >= max_failures, True), else_=False),
+                next_attempt_at=utcnow() + _seconds(retry_in),
+                claimed_by=None,
+            )
+            .returning(outbox.c.dead)
         )
+        dead += sum(1 for d in result.scalars() if d)
+    return dead
+
+
+def has_due(conn: Connection, *, now: dt.datetime | None = None) -> bool:
+    """Whether some pending job is due (a read: idle polling takes no write lock)."""
+    stmt = (
+        select(outbox.c.id)
+        .where(outbox.c.dead.is_(False), outbox.c.next_attempt_at <= (now or utcnow()))
+        .limit(1)
     )
+    return conn.execute(stmt).first() is not None
 
 
-def requeue_dead(conn: Connection, table: str | None = None) -> int:
-    """Give dead-lettered jobs (of ``table``, or all) a fresh set of attempts, due now."""
+def orphaned_tokens(conn: Connection, *, now: dt.datetime | None = None) -> list[str]:
+    """Tokens of processors of this host that died holding live leases.
+
+    A processor's token is ``host:pid:nonce``; a lease held by a process of this host that no
+    longer exists can never be settled, so it need not run out before others take over (as it
+    must for other hosts, whose processes cannot be seen from here).
+    """
+    import os
+    import socket
+
+    host = socket.gethostname()[:40]
+    tokens = conn.execute(
+        select(outbox.c.claimed_by)
+        .where(outbox.c.dead.is_(False), outbox.c.next_attempt_at > (now or utcnow()))
+        .where(outbox.c.claimed_by.like(f"{host}:%"))
+        .distinct()
+    ).scalars()
+    gone = []
+    for token in tokens:
+        try:
+            pid = int(token.split(":")[1])
+        except (IndexError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone.append(token)
+        except PermissionError:  # alive, another user's
+            continue
+    return gone
+
+
+def release(conn: Connection, tokens: Sequence[str], *, now: dt.datetime | None = None) -> int:
+    """Make the jobs leased to ``tokens`` due again, now (their processors are gone)."""
+    if not tokens:
+        return 0
+    stmt = (
+        update(outbox)
+        .where(outbox.c.claimed_by.in_(list(tokens)))
+        .values(claimed_by=None, next_attempt_at=now or utcnow())
+    )
+    return int(conn.execute(stmt).rowcount)
+
+
+def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
+    """Bury the pending jobs of ``keys`` at once (e.g. their table is no longer mapped)."""
+    buried = 0
+    for (table, column), pks in _key_groups(keys).items():
+        for part in _chunks(pks):
+            result = conn.execute(
+                update(outbox)
+                .where(
+                    outbox.c.table_name == table,
+                    outbox.c.column_name == column,
+                    outbox.c.row_pk.in_(part),
+                    outbox.c.dead.is_(False),
+                )
+                .values(dead=True, last_error=error[:2000], claimed_by=None)
+            )
+            buried += int(result.rowcount)
+    return buried
+
+
+def requeue_dead(
+    conn: Connection, table: str | None = None, column: str | None = None, pk: str | None = None
+) -> int:
+    """Give dead-lettered jobs (all, or of ``table``/``column``/``pk``) fresh attempts, due now."""
     stmt = update(outbox).where(outbox.c.dead.is_(True))
-    if table is not None:
-        stmt = stmt.where(outbox.c.table_name == table)
-    result = conn.execute(stmt.values(dead=False, attempts=0, next_attempt_at=utcnow()))
+    for col, value in ((outbox.c.table_name, table), (outbox.c.column_name, column)):
+        if value is not None:
+            stmt = stmt.where(col == value)
+    if pk is not None:
+        stmt = stmt.where(outbox.c.row_pk == pk)
+    result = conn.execute(
+        stmt.values(dead=False, attempts=0, failures=0, next_attempt_at=utcnow(), claimed_by=None)
+    )
     return int(result.rowcount)
 
 
 def expedite(conn: Connection, table: str, column: str) -> int:
-    """Make the pending jobs of one column due now (e.g. those held back by a drift error)."""
+    """Make the unleased pending jobs of one column due now (e.g. held back by a drift error)."""
     stmt = (
         update(outbox)
         .where(outbox.c.dead.is_(False))
+        .where(outbox.c.claimed_by.is_(None))
         .where(outbox.c.table_name == table)
         .where(outbox.c.column_name == column)
         .values(next_attempt_at=utcnow())
@@ -214,21 +541,108 @@ def expedite(conn: Connection, table: str, column: str) -> int:
     return int(conn.execute(stmt).rowcount)
 
 
+def delete_column(conn: Connection, table: str, column: str) -> int:
+    """Delete every job (pending and dead) of one column, e.g. before the column is dropped."""
+    stmt = delete(outbox).where(outbox.c.table_name == table, outbox.c.column_name == column)
+    return int(conn.execute(stmt).rowcount)
+
+
 def counts(conn: Connection) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per ``(table, column)``: pending and dead job counts and the oldest pending job's time."""
+    """Per ``(table, column)``: pending, dead and retrying job counts, oldest pending time."""
+    retrying = func.sum(case((outbox.c.attempts > 0, 1), else_=0))
     stmt = select(
         outbox.c.table_name,
         outbox.c.column_name,
         outbox.c.dead,
         func.count(),
         func.min(outbox.c.created_at),
+        retrying,
     ).group_by(outbox.c.table_name, outbox.c.column_name, outbox.c.dead)
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for table, column, dead, n, oldest in conn.execute(stmt):
-        entry = out.setdefault((table, column), {"pending": 0, "dead": 0, "oldest_pending": None})
+    for table, column, dead, n, oldest, retries in conn.execute(stmt):
+        entry = out.setdefault(
+            (table, column), {"pending": 0, "dead": 0, "retrying": 0, "oldest_pending": None}
+        )
         if dead:
-            entry["dead"] = n
+            entry["dead"] = int(n)
         else:
-            entry["pending"] = n
+            entry["pending"] = int(n)
+            entry["retrying"] = int(retries or 0)
             entry["oldest_pending"] = oldest
     return out
+
+
+def errors(conn: Connection, *, limit: int = 20) -> list[dict[str, Any]]:
+    """The last errors of dead and retrying jobs, grouped by column, state and error text."""
+    state = case((outbox.c.dead.is_(True), "dead"), else_="retrying")
+    stmt = (
+        select(
+            outbox.c.table_name,
+            outbox.c.column_name,
+            state.label("state"),
+            outbox.c.last_error,
+            func.count(),
+            func.min(outbox.c.row_pk),
+        )
+        .where(outbox.c.last_error.is_not(None))
+        .group_by(outbox.c.table_name, outbox.c.column_name, state, outbox.c.last_error)
+        .order_by(func.count().desc())
+        .limit(limit)
+    )
+    return [
+        {
+            "table": t,
+            "column": c,
+            "state": s,
+            "error": e,
+            "jobs": int(n),
+            "example_pk": pk,
+        }
+        for t, c, s, e, n, pk in conn.execute(stmt)
+    ]
+
+
+def pending(conn: Connection, *, limit: int = 10) -> list[dict[str, Any]]:
+    """Pending (not dead) jobs, next due first: what a drain that timed out is waiting for."""
+    stmt = (
+        select(
+            outbox.c.table_name,
+            outbox.c.column_name,
+            outbox.c.row_pk,
+            outbox.c.attempts,
+            outbox.c.last_error,
+            outbox.c.next_attempt_at,
+            outbox.c.claimed_by,
+        )
+        .where(outbox.c.dead.is_(False))
+        .order_by(outbox.c.next_attempt_at, outbox.c.id)
+        .limit(limit)
+    )
+    return [dict(row._mapping) for row in conn.execute(stmt)]
+
+
+def next_due(conn: Connection) -> dt.datetime | None:
+    """When the next pending job is due (``None``: nothing pending)."""
+    stmt = (
+        select(outbox.c.next_attempt_at)
+        .where(outbox.c.dead.is_(False))
+        .order_by(outbox.c.next_attempt_at)
+        .limit(1)
+    )
+    found = conn.execute(stmt).scalar()
+    if found is not None and found.tzinfo is None:
+        found = found.replace(tzinfo=dt.UTC)
+    return found
+
+
+def checkpoint(conn: Connection, name: str, value: str | None = None) -> str | None:
+    """Read (``value=None``) or record a maintenance pass's progress under ``name``.
+
+    Recording an empty string deletes the checkpoint (the pass finished).
+    """
+    if value is None:
+        return conn.execute(select(checkpoints.c.value).where(checkpoints.c.name == name)).scalar()
+    conn.execute(delete(checkpoints).where(checkpoints.c.name == name))
+    if value:
+        conn.execute(insert(checkpoints).values(name=name, value=value, updated_at=utcnow()))
+    return value

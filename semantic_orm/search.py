@@ -1,12 +1,23 @@
 """Semantic search over mapped classes: ``Model.semantic_search(session, "query")``.
 
-A search embeds the query with the column's embedder, asks the vector store for the nearest
-chunks, loads the matching rows with one SQL ``SELECT ... WHERE pk IN (...)`` (plus your
-``where=`` criteria), and returns them ranked::
+A search reads as a straight line:
+
+1. **resolve** the column's binding (:mod:`semantic_orm.binding`) and check its collection;
+2. **plan** the query: embed it with the column's embedder (unless ``query_vector=`` is given),
+   compute its keyword vector, and ask the store for the rankings of the mode
+   (:class:`~semantic_orm.stores.base.SearchRequest`);
+3. **rank**: turn the store's lists into one deterministic order, tier by tier
+   (:mod:`semantic_orm.ranking`), fusing dense and keyword rankings in hybrid mode;
+4. **load** the matching rows with SQL ``SELECT ... WHERE pk IN (...)`` plus your ``where=``
+   criteria, in waves, only for the rows the ranking needs next;
+5. **assemble** the hits: rows (or passages) in rank order, each with the chunk(s) that matched,
+   cut from the row's current text at the stored offsets.
+
+::
 
     for hit in KnowledgeArticle.semantic_search(session, "chart of accounts", limit=5):
         hit.obj                 # the KnowledgeArticle
-        hit.score               # cosine similarity of its best chunk
+        hit.score               # the score of its best chunk
         hit.chunk.start_offset  # where that chunk starts in hit.obj.content
         hit.highlight()         # the passage, marked inside its context
 
@@ -14,33 +25,36 @@ By default results are grouped by row (``group_by="row"``): a long document's ov
 chunks count once, and ``hit.chunks`` lists its best few. ``group_by="chunk"`` returns passages
 instead, one hit per chunk; a chunk that overlaps a better chunk of the same row by more than half
 its length is skipped, so near-duplicate windows do not fill the top-k. Rows that are gone from
-SQL, or that ``where=`` rejects, are skipped, and the search asks the store for more candidates
-until ``limit`` hits are found or the collection is exhausted.
+SQL, that ``where=`` rejects, or whose text changed since their points were written (their sync is
+pending) are skipped, and the search goes on down the ranking until ``limit`` hits are found or
+the collection is exhausted.
 
 Three ranking modes (``mode=``):
 
 * ``"dense"``: cosine similarity of embeddings; ``hit.score`` is the cosine. Finds paraphrases.
 * ``"keyword"``: BM25 over the words of each chunk (:mod:`semantic_orm.keywords`); finds exact
-  codes, names and rare terms that embeddings blur.
-* ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused by reciprocal rank fusion
-  inside Qdrant; ``hit.score`` is the fused score ``sum(1 / (60 + rank))`` over the two lists
-  (ranks from 0), comparable only within one query. It finds keyword-only answers (codes, rare
-  names) that dense search misses while keeping dense search's paraphrase matches, and it
-  measured best overall in ``bench/retrieval.py`` (all-MiniLM-L6-v2): SQuAD span Recall@5 0.92
-  against 0.82 dense and 0.92 keyword, SciFact nDCG@10 0.84 against 0.81 dense and 0.77
-  keyword (quick run: 600 questions, 883 abstracts).
+  codes, names and rare terms that embeddings blur. ``hit.score`` is the BM25 score.
+* ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused
+  (:mod:`semantic_orm.ranking`); ``hit.scores`` has each ranking's own score.
 
-Ranking is deterministic: equal scores are ordered by primary key, then chunk index, so
-``offset=`` pages through the same order.
+``score_threshold`` drops hits whose ``hit.score`` is below it, in every mode.
+
+Ranking is deterministic: equal scores are ordered by primary key, then chunk index, and
+``offset=`` pages concatenate exactly to one search with the combined limit.
+
+:func:`asemantic_search` (and ``await Model.asemantic_search(session, ...)``) is the same search
+for an ``AsyncSession``: the embedding and the store calls run in worker threads, the SQL through
+the session, so the event loop is never blocked.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, Self, TypeVar
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -48,36 +62,141 @@ from sqlalchemy import ColumnElement, inspect, select
 from sqlalchemy.orm import Mapper, Session
 
 from . import keywords, signals
+from .binding import ColumnBinding
 from .chunking import Chunk
 from .exc import ConfigurationError
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
-from .stores.base import SearchMode, StoreHit
+from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order
+from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Ranking, SearchRequest, StoreHit
 
 __all__ = [
     "DEFAULT_MODE",
     "SEARCH_MODES",
     "ScoredChunk",
     "SearchHit",
+    "SearchOptions",
     "SemanticSearchMixin",
+    "asemantic_search",
+    "pick_column",
     "semantic_search",
 ]
 
+SearchMode = Literal["hybrid", "dense", "keyword"]
 DEFAULT_MODE: SearchMode = "hybrid"
 """The mode ``semantic_search`` uses when none is given (see the module docstring)."""
 SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "keyword")
+MAX_LIMIT = 10_000
+"""Most hits one search returns."""
+MAX_OFFSET = 100_000
+"""Deepest page start."""
+MAX_DEPTH = 1_000_000
+"""Deepest a ranking is read (chunks)."""
+DEFAULT_CANDIDATES = 100
 
 T = TypeVar("T")
 
-_MAX_FETCH = 100_000
+
+class SearchOptions(TypedDict, total=False):
+    """The options of :func:`semantic_search`, the mixin's method and :func:`evaluate`.
+
+    Attributes:
+        limit: Hits to return (rows, or chunks with ``group_by="chunk"``); 1 to 10,000.
+        offset: Hits to skip first, for pagination (page ``n`` is ``offset=n * limit``).
+        where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"``.
+        group_by: ``"row"`` (one hit per row, the default) or ``"chunk"`` (one per passage).
+        mode: ``"hybrid"`` (default), ``"dense"`` or ``"keyword"``; see the module docstring.
+        column: The semantic attribute to search, if the model has several.
+        score_threshold: Drop hits whose score is below this (cosine in dense mode, BM25 in
+            keyword mode, the fused score in hybrid mode).
+        chunks_per_row: In row mode, how many of a row's best chunks ``hit.chunks`` keeps.
+        candidates: Ranks of each list fused per tier (the fusion window, default 100).
+        index: The index to use, instead of the one installed on the session.
+        query_vector: The column's embedding of the query, when it is already computed (e.g.
+            many queries encoded in one batch); ``query`` still feeds keyword search.
+    """
+
+    limit: int
+    offset: int
+    where: ColumnElement[bool] | None
+    group_by: Literal["row", "chunk"]
+    mode: SearchMode
+    column: str | None
+    score_threshold: float | None
+    chunks_per_row: int
+    candidates: int
+    index: SemanticIndex | None
+    query_vector: Sequence[float] | npt.NDArray[np.float32] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    limit: int = 5
+    offset: int = 0
+    where: ColumnElement[bool] | None = None
+    group_by: Literal["row", "chunk"] = "row"
+    mode: SearchMode = DEFAULT_MODE
+    column: str | None = None
+    score_threshold: float | None = None
+    chunks_per_row: int = 3
+    candidates: int = DEFAULT_CANDIDATES
+    index: SemanticIndex | None = None
+    query_vector: Any = None
+
+    @classmethod
+    def read(cls, options: Mapping[str, Any]) -> _Options:
+        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigurationError(
+                f"semantic_search got unknown option(s) {', '.join(unknown)}; known: "
+                f"{', '.join(cls.__dataclass_fields__)}"
+            )
+        made = cls(**options)
+        made.check()
+        return made
+
+    def check(self) -> None:
+        _integer("limit", self.limit, 1, MAX_LIMIT)
+        _integer("offset", self.offset, 0, MAX_OFFSET)
+        _integer("chunks_per_row", self.chunks_per_row, 1, 10_000)
+        _integer("candidates", self.candidates, 1, 100_000)
+        if self.mode not in SEARCH_MODES:
+            raise ConfigurationError(
+                f"semantic_search mode must be one of {', '.join(SEARCH_MODES)}, got {self.mode!r}"
+            )
+        if self.group_by not in ("row", "chunk"):
+            raise ConfigurationError(
+                f"semantic_search group_by must be 'row' or 'chunk', got {self.group_by!r}"
+            )
+        t = self.score_threshold
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+        ):
+            raise ConfigurationError(
+                f"semantic_search score_threshold must be a finite number or None, got {t!r}"
+            )
+
+
+def _integer(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(
+            f"semantic_search {name} must be an int, got {type(value).__name__}: {value!r}"
+        )
+    if value < low:
+        bound = "> 0" if low == 1 else f">= {low}"
+        raise ConfigurationError(f"semantic_search {name} must be {bound}, got {value}")
+    if value > high:
+        raise ConfigurationError(f"semantic_search {name} must be <= {high:,}, got {value:,}")
 
 
 @dataclass(frozen=True, slots=True)
 class ScoredChunk:
-    """A matched chunk and its similarity score."""
+    """A matched chunk, its score, and the score of each ranking that found it."""
 
     chunk: Chunk
     score: float
+    scores: Mapping[str, float] = field(default_factory=dict)
+    """Raw score per ranking (``"dense"`` cosine, ``"keyword"`` BM25) it appeared in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +214,11 @@ class SearchHit(Generic[T]):
         """The best matching chunk."""
         return self.chunks[0].chunk
 
+    @property
+    def scores(self) -> Mapping[str, float]:
+        """The best chunk's score in each ranking (``"dense"``, ``"keyword"``)."""
+        return self.chunks[0].scores
+
     def highlight(self, before: str = "**", after: str = "**", context: int = 80) -> str:
         """The best chunk marked with ``before``/``after``, with ``context`` characters around.
 
@@ -110,7 +234,12 @@ class SearchHit(Generic[T]):
         return f"{ellipsis_lead}{lead}{before}{chunk.text}{after}{tail}{ellipsis_tail}"
 
 
-def _pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:
+def pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:
+    """The semantic column ``name`` of ``mapper`` (or its only one).
+
+    Raises:
+        ConfigurationError: The class has none, several and ``name`` is not given, or no such.
+    """
     columns = semantic_columns(mapper)
     if not columns:
         raise ConfigurationError(f"{mapper.class_.__name__} has no SemanticText column")
@@ -130,149 +259,102 @@ def _pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:
     )
 
 
-def semantic_search(
-    session: Session,
-    model: type[T],
-    query: str,
-    *,
-    limit: int = 5,
-    offset: int = 0,
-    where: ColumnElement[bool] | None = None,
-    group_by: Literal["row", "chunk"] = "row",
-    mode: SearchMode = DEFAULT_MODE,
-    column: str | None = None,
-    score_threshold: float | None = None,
-    chunks_per_row: int = 3,
-    index: SemanticIndex | None = None,
-    query_vector: Sequence[float] | npt.NDArray[np.float32] | None = None,
-) -> list[SearchHit[T]]:
-    """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
+# -- the steps of a search, independent of how they are run --------------------------------------
 
-    Args:
-        session: The session to load rows with; its installed index answers the search.
-        model: The mapped class to search.
-        query: Natural-language query.
-        limit: Hits to return (rows, or chunks with ``group_by="chunk"``).
-        offset: Hits to skip first, for pagination (page ``n`` is ``offset=n * limit``).
-        where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"``.
-        group_by: ``"row"`` (one hit per row) or ``"chunk"`` (one hit per passage).
-        mode: ``"hybrid"`` (default), ``"dense"`` or ``"keyword"``; see the module docstring.
-        column: The semantic attribute to search, if the model has several.
-        score_threshold: Drop chunks whose cosine similarity is below this (in hybrid mode,
-            dense candidates below it are not fused; keyword candidates still are). In keyword
-            mode it bounds the BM25 score.
-        chunks_per_row: In row mode, how many of a row's best chunks to keep in ``hit.chunks``.
-        index: The index to use, instead of the one installed on the session.
-        query_vector: The column's embedding of ``query``, when it is already computed (e.g.
-            many queries encoded in one batch); it must come from the column's model, and
-            ``query`` still feeds keyword search and the ``searched`` signal.
 
-    Returns:
-        Hits, best first.
+@dataclass(frozen=True, slots=True)
+class _Embed:
+    binding: ColumnBinding
+    text: str
 
-    Raises:
-        ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
-            argument is out of range.
-    """
-    if limit <= 0:
-        raise ConfigurationError(f"semantic_search limit must be > 0, got {limit}")
-    if offset < 0:
-        raise ConfigurationError(f"semantic_search offset must be >= 0, got {offset}")
-    if mode not in SEARCH_MODES:
-        raise ConfigurationError(
-            f"semantic_search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}"
-        )
-    if group_by not in ("row", "chunk"):
-        raise ConfigurationError(
-            f"semantic_search group_by must be 'row' or 'chunk', got {group_by!r}"
-        )
-    if not isinstance(query, str) or not query.strip():
-        raise ConfigurationError(f"semantic_search query must be a non-empty str, got {query!r}")
-    mapper = inspect(model)
-    col = _pick_column(mapper, column)
-    idx = index or index_for(session)
-    if idx is None:
-        raise ConfigurationError(
-            "no SemanticIndex is installed on this session: call index.install(your_sessionmaker)"
-            " or pass index=..."
-        )
-    started = time.perf_counter()
-    idx.ensure_collection(col, for_search=True)  # refuses another model's vectors
-    collection = idx.collection_name(col)
-    vector: npt.NDArray[np.float32] | None = None
-    if mode != "keyword":
-        embedder = idx.embedder_for(col)
-        if query_vector is None:
-            vector = embedder.encode([query])[0]
-        else:
-            vector = np.asarray(query_vector, dtype=np.float32)
-            if vector.shape != (embedder.dimension,):
-                raise ConfigurationError(
-                    f"semantic_search query_vector for {col.label} must have shape "
-                    f"({embedder.dimension},) (model {embedder.name!r}), got {vector.shape}"
-                )
-    sparse = None if mode == "dense" else keywords.query_vector(query)
-    by_row = group_by == "row"
-    want = offset + limit
-    fetch = want * 4 if by_row else want * 3
 
-    def ask(n: int) -> list[StoreHit]:
-        found = idx.store.search(
-            collection, vector, n, sparse=sparse, mode=mode, score_threshold=score_threshold
-        )
-        found.sort(key=_rank_key)  # ties: primary key, then chunk index
-        return found
+@dataclass(frozen=True, slots=True)
+class _Query:
+    collection: str
+    request: SearchRequest
 
-    loaded: dict[str, Any] = {}
-    rejected: set[str] = set()
-    wave = want
-    found = ask(fetch)
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    statement: Any
+
+
+_Step = _Embed | _Query | _Load
+
+
+@dataclass(slots=True)
+class _List:
+    """One ranking as fetched so far: its tie-complete prefix, and whether it is exhausted."""
+
+    ranking: Ranking
+    hits: list[StoreHit] = field(default_factory=list)
+    exhausted: bool = False
+
+
+def _fetch(
+    lists: Mapping[str, _List], collection: str, upto: int, flt: Any
+) -> Generator[_Step, Any, None]:
+    """Fetch every list tie-complete at least to rank ``upto`` (or to its end)."""
+    want = dict.fromkeys(lists, upto)
     while True:
-        hits, pending = _assemble(found, loaded, rejected, col, want, by_row, chunks_per_row)
-        if len(hits) >= want:
-            break
-        if pending:
-            # load only the rows the ranking needs next; waves grow if `where=` rejects many
-            batch = pending[:wave]
-            stmt = select(model).where(pk_in(mapper, batch))
-            if where is not None:
-                stmt = stmt.where(where)
-            for obj in session.scalars(stmt):
-                loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
-            rejected.update(pk for pk in batch if pk not in loaded)
-            wave *= 2
-            continue
-        if len(found) < fetch or fetch >= _MAX_FETCH:
-            break  # the collection has no more candidates
-        fetch = min(fetch * 4, _MAX_FETCH)
-        found = ask(fetch)
-    hits = hits[offset:want]
-    if signals.searched.receivers:
-        signals.searched.send(
-            model,
-            column=col.key,
-            query=query,
-            hits=hits,
-            seconds=time.perf_counter() - started,
+        short = {
+            n: lst for n, lst in lists.items() if not lst.exhausted and len(lst.hits) < want[n]
+        }
+        if not short:
+            return
+        depth = {n: min(max(want[n], 2 * len(lst.hits)), MAX_DEPTH) for n, lst in short.items()}
+        rankings = tuple(
+            Ranking(
+                lst.ranking.using, lst.ranking.vector, depth[n] + 1, threshold=lst.ranking.threshold
+            )
+            for n, lst in short.items()
         )
-    return hits
+        found = yield _Query(collection, SearchRequest(rankings, flt))
+        for (n, lst), hits in zip(short.items(), found, strict=True):
+            prefix, exhausted = complete(hits, depth[n])
+            if prefix or exhausted:
+                lst.hits, lst.exhausted = prefix, exhausted or depth[n] >= MAX_DEPTH
+            elif depth[n] >= MAX_DEPTH:  # one huge tie: take the cut as it comes
+                lst.hits, lst.exhausted = order(hits)[: depth[n]], True
+            else:  # a tie straddles the cut: ask again, deeper
+                want[n] = 2 * depth[n]
 
 
-def _pk_order(pk: str) -> tuple[int, float, str]:
-    """Sort key of a row key: numeric keys in numeric order, others in text order."""
-    try:
-        value = json.loads(pk)
-    except ValueError:
-        value = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, float(value), pk)
-    return (1, 0.0, pk)
+def _rankings(
+    vector: npt.NDArray[np.float32] | None, query: str, opts: _Options
+) -> dict[str, _List]:
+    """The ranked lists the mode needs (a keyword query without terms has none)."""
+    lists: dict[str, _List] = {}
+    threshold = opts.score_threshold
+    if threshold is not None:  # the store's float arithmetic may differ in the last digit
+        threshold -= abs(threshold) * 1e-6 + 1e-9
+    if opts.mode in ("dense", "hybrid"):
+        assert vector is not None
+        alone = threshold if opts.mode == "dense" else None
+        lists["dense"] = _List(Ranking(DENSE_VECTOR, vector, 1, threshold=alone))
+    if opts.mode in ("keyword", "hybrid"):
+        sparse = keywords.query_vector(query)
+        if sparse:
+            alone = threshold if opts.mode == "keyword" else None
+            lists["keyword"] = _List(Ranking(SPARSE_VECTOR, sparse, 1, threshold=alone))
+    return lists
 
 
-def _rank_key(point: StoreHit) -> tuple[float, tuple[int, float, str], int]:
-    payload = point.payload
-    pk = str(payload.get("pk", ""))
-    return (-point.score, _pk_order(pk), int(payload.get("chunk_index", 0)))
+def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
+    """The chunk a candidate names, cut from the row's current text; ``None`` if stale."""
+    p = cand.payload
+    if p.end_offset > len(text):
+        return None  # the row changed after this point was written; its sync is pending
+    piece = text[p.start_offset : p.end_offset]
+    chunk = Chunk(
+        text=piece,
+        index=p.chunk_index,
+        start_offset=p.start_offset,
+        end_offset=p.end_offset,
+        total_chunks=p.total_chunks,
+        metadata=dict(p.meta),
+    )
+    return ScoredChunk(chunk, cand.score, dict(cand.scores))
 
 
 def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:
@@ -287,115 +369,247 @@ def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:
     return False
 
 
-def _assemble(
-    found: list[StoreHit],
-    loaded: dict[str, Any],
-    rejected: set[str],
-    col: SemanticColumn,
-    limit: int,
-    by_row: bool,
-    chunks_per_row: int,
-) -> tuple[list[SearchHit[Any]], list[str]]:
-    """The ranked hits that can be decided so far, and the rows still to load, in rank order.
+@dataclass(slots=True)
+class _Rows:
+    """Rows loaded for a search so far, and the keys SQL (or ``where=``) rejected."""
 
-    Ranking stops at the first candidate whose row is not loaded yet, so the hits are always a
-    correct prefix of the final answer.
-    """
-    entries: list[tuple[str, ScoredChunk | None]] = []  # rank order; None: row not loaded yet
-    pending: list[str] = []
-    for point in found:
-        pk = point.payload.get("pk")
-        if not isinstance(pk, str) or pk in rejected:
-            continue
-        if pk not in loaded:
-            if pk not in pending:
-                pending.append(pk)
-            entries.append((pk, None))
-            continue
-        scored = _scored_chunk(point, _text(loaded[pk], col))
-        if scored is not None:
-            entries.append((pk, scored))
+    loaded: dict[str, Any] = field(default_factory=dict)
+    rejected: set[str] = field(default_factory=set)
+    wave: int = 8
+
+
+def _load_wave(
+    rows: _Rows, tier: list[Candidate], at: int, model: type[Any], mapper: Mapper[Any], where: Any
+) -> Generator[_Step, Any, None]:
+    """Load the next unknown rows of ``tier`` from position ``at`` (a growing wave)."""
+    batch: list[str] = []
+    for cand in tier[at:]:
+        pk = cand.payload.pk
+        if pk not in rows.loaded and pk not in rows.rejected and pk not in batch:
+            batch.append(pk)
+            if len(batch) >= rows.wave:
+                break
+    found = yield _Load(_row_query(model, mapper, batch, where))
+    for obj in found:
+        rows.loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
+    rows.rejected.update(pk for pk in batch if pk not in rows.loaded)
+    rows.wave = min(rows.wave * 2, 500)
+
+
+def _steps(
+    binding: ColumnBinding,
+    model: type[Any],
+    query: str,
+    opts: _Options,
+) -> Generator[_Step, Any, list[SearchHit[Any]]]:
+    """The whole search as a sequence of steps (embed, query the store, load rows)."""
+    col = binding.column
+    mapper = col.mapper
+    vector: npt.NDArray[np.float32] | None = None
+    if opts.mode != "keyword":
+        if opts.query_vector is not None:
+            vector = _checked_vector(opts.query_vector, binding)
+        else:
+            vector = yield _Embed(binding, query)
+    lists = _rankings(vector, query, opts)
+    fusion = ReciprocalRankFusion() if len(lists) > 1 else None
+    threshold = opts.score_threshold
+    want = opts.offset + opts.limit
+    by_row = opts.group_by == "row"
+    rows = _Rows(wave=max(8, want))
     hits: list[SearchHit[Any]] = []
+    row_tier: dict[str, int] = {}  # a row's chunks are those of the tier it first ranks in
+    row_chunks: dict[str, list[ScoredChunk]] = {}
+    chosen: dict[str, list[Chunk]] = {}
+    seen: set[str] = set()
+    depth = opts.candidates
+    tier = 0
+    while lists and len(hits) < want and len(row_tier) < want:
+        lo, hi = tier * depth, (tier + 1) * depth
+        if fusion is not None and threshold is not None and fusion.bound(lo) < threshold:
+            break  # no point this deep can reach the threshold
+        yield from _fetch(lists, binding.collection, hi, None)
+        if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
+            break
+        ranked = fuse_tier({n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier)
+        if threshold is not None:
+            ranked = [c for c in ranked if c.score >= threshold]
+            if not ranked and fusion is None:
+                break  # one list, best first: nothing further down passes either
+        for at, cand in enumerate(ranked):
+            pk = cand.payload.pk
+            decided = len(row_tier) >= want if by_row else len(hits) >= want
+            if decided and (not by_row or pk not in row_tier):
+                continue  # only chunks of rows already decided matter now
+            if pk not in rows.loaded and pk not in rows.rejected:
+                yield from _load_wave(rows, ranked, at, model, mapper, opts.where)
+            obj = rows.loaded.get(pk)
+            if obj is None:
+                continue
+            scored = _scored(cand, _text(obj, col))
+            if scored is None:
+                continue
+            if by_row:
+                if pk not in row_tier:
+                    row_tier[pk] = tier
+                    row_chunks[pk] = []
+                if row_tier[pk] == tier and len(row_chunks[pk]) < opts.chunks_per_row:
+                    row_chunks[pk].append(scored)
+            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])):
+                chosen[pk].append(scored.chunk)
+                hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
+        tier += 1
     if by_row:
-        rows: dict[str, list[ScoredChunk]] = {}
-        for pk, scored in entries:  # rows in order of their best chunk, up to the first unknown
-            if scored is None or len(rows) >= limit:
-                break
-            rows.setdefault(pk, [])
-        for pk, scored in entries:  # each decided row's chunks, wherever they rank
-            if scored is not None and pk in rows and len(rows[pk]) < chunks_per_row:
-                rows[pk].append(scored)
-        for pk, best in rows.items():
-            obj = loaded[pk]
+        for pk in list(row_tier)[:want]:
+            best = row_chunks[pk]
+            obj = rows.loaded[pk]
             hits.append(SearchHit(obj, best[0].score, tuple(best), _text(obj, col)))
-    else:
-        chosen: dict[str, list[Chunk]] = {}
-        for pk, scored in entries:
-            if scored is None or len(hits) >= limit:
-                break
-            mine = chosen.setdefault(pk, [])
-            if _redundant(scored.chunk, mine):
-                continue  # a near-duplicate window of a passage already returned
-            mine.append(scored.chunk)
-            obj = loaded[pk]
-            hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
-    return hits, pending
+    return hits[opts.offset : want]
 
 
-def _scored_chunk(point: StoreHit, text: str) -> ScoredChunk | None:
-    """The chunk a point names, cut from the row's current text; ``None`` if it is stale."""
-    payload = point.payload
-    start, end = int(payload["start_offset"]), int(payload["end_offset"])
-    if end > len(text):  # the row changed after this point was written; its sync is pending
-        return None
-    chunk = Chunk(
-        text=text[start:end],
-        index=int(payload["chunk_index"]),
-        start_offset=start,
-        end_offset=end,
-        total_chunks=int(payload["total_chunks"]),
-        metadata=dict(payload.get("meta") or {}),
-    )
-    return ScoredChunk(chunk, point.score)
+def _row_query(model: type[Any], mapper: Mapper[Any], keys: list[str], where: Any) -> Any:
+    stmt = select(model).where(pk_in(mapper, keys))
+    if where is not None:
+        stmt = stmt.where(where)
+    return stmt
+
+
+def _checked_vector(value: Any, binding: ColumnBinding) -> npt.NDArray[np.float32]:
+    embedder = binding.embedder
+    try:
+        vector = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"semantic_search query_vector for {binding.label} must be numbers: {exc}"
+        ) from None
+    if vector.shape != (embedder.dimension,):
+        raise ConfigurationError(
+            f"semantic_search query_vector for {binding.label} must have shape "
+            f"({embedder.dimension},) (model {embedder.name!r}), got {vector.shape}"
+        )
+    if not np.isfinite(vector).all():
+        raise ConfigurationError(
+            f"semantic_search query_vector for {binding.label} holds NaN or infinite values"
+        )
+    return vector
 
 
 def _text(obj: Any, col: SemanticColumn) -> str:
     return getattr(obj, col.key) or ""
 
 
+class _Search:
+    """One search's steps, run by :func:`semantic_search` or :func:`asemantic_search`."""
+
+    def __init__(
+        self, session: Any, model: type[Any], query: str, options: Mapping[str, Any]
+    ) -> None:
+        opts = _Options.read(options)
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigurationError(
+                f"semantic_search query must be a non-empty str, got {query!r}"
+            )
+        col = pick_column(inspect(model), opts.column)
+        idx = opts.index or index_for(session)
+        if idx is None:
+            raise ConfigurationError(
+                "no SemanticIndex is installed on this session: call "
+                "index.install(your_sessionmaker) or pass index=..."
+            )
+        self.index = idx
+        self.binding = idx.binding_for(col)
+        self.model = model
+        self.query = query
+        self.started = time.perf_counter()
+        self._steps = _steps(self.binding, model, query, opts)
+        self.hits: list[SearchHit[Any]] = []
+
+    def advance(self, result: Any) -> _Step | None:
+        """The next step, given the previous one's result (``None``: the hits are ready)."""
+        try:
+            return self._steps.send(result)
+        except StopIteration as done:
+            self.hits = done.value
+            if signals.searched.receivers:
+                signals.searched.send(
+                    self.model,
+                    column=self.binding.column.key,
+                    query=self.query,
+                    hits=self.hits,
+                    seconds=time.perf_counter() - self.started,
+                )
+            return None
+
+
+def semantic_search(
+    session: Session, model: type[T], query: str, **options: Unpack[SearchOptions]
+) -> list[SearchHit[T]]:
+    """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
+
+    Args:
+        session: The session to load rows with; its installed index answers the search.
+        model: The mapped class to search.
+        query: Natural-language query.
+        **options: See :class:`SearchOptions` (``limit``, ``offset``, ``where``, ``mode``...).
+
+    Returns:
+        Hits, best first.
+
+    Raises:
+        ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
+            option is invalid (the message names it).
+    """
+    run = _Search(session, model, query, options)
+    run.index.bindings.check(run.binding, for_search=True)  # refuses another model's vectors
+    step = run.advance(None)
+    while step is not None:
+        if isinstance(step, _Embed):
+            result: Any = step.binding.embedder.encode([step.text])[0]
+        elif isinstance(step, _Query):
+            result = run.index.store.query(step.collection, step.request)
+        else:
+            result = session.scalars(step.statement).all()
+        step = run.advance(result)
+    return run.hits
+
+
+async def asemantic_search(
+    session: Any, model: type[T], query: str, **options: Unpack[SearchOptions]
+) -> list[SearchHit[T]]:
+    """:func:`semantic_search` for an ``AsyncSession``, without blocking the event loop.
+
+    The query embedding and the vector-store calls run in worker threads; rows are loaded
+    through ``await session.scalars(...)``. Takes the same options.
+    """
+    run = _Search(session, model, query, options)
+    await asyncio.to_thread(run.index.bindings.check, run.binding, for_search=True)
+    step = run.advance(None)
+    while step is not None:
+        if isinstance(step, _Embed):
+            encoded = await asyncio.to_thread(step.binding.embedder.encode, [step.text])
+            result: Any = encoded[0]
+        elif isinstance(step, _Query):
+            result = await asyncio.to_thread(run.index.store.query, step.collection, step.request)
+        else:
+            result = (await session.scalars(step.statement)).all()
+        step = run.advance(result)
+    return run.hits
+
+
 class SemanticSearchMixin:
-    """Adds ``Model.semantic_search(session, query, ...)`` to a declarative model."""
+    """Adds ``Model.semantic_search(session, query, ...)`` (and ``asemantic_search``)."""
 
     @classmethod
     def semantic_search(
-        cls,
-        session: Session,
-        query: str,
-        *,
-        limit: int = 5,
-        offset: int = 0,
-        where: ColumnElement[bool] | None = None,
-        group_by: Literal["row", "chunk"] = "row",
-        mode: SearchMode = DEFAULT_MODE,
-        column: str | None = None,
-        score_threshold: float | None = None,
-        chunks_per_row: int = 3,
-        index: SemanticIndex | None = None,
-        query_vector: Sequence[float] | npt.NDArray[np.float32] | None = None,
+        cls, session: Session, query: str, **options: Unpack[SearchOptions]
     ) -> list[SearchHit[Self]]:
         """Find rows of this model by meaning; see :func:`semantic_search`."""
-        return semantic_search(
-            session,
-            cls,
-            query,
-            limit=limit,
-            offset=offset,
-            where=where,
-            group_by=group_by,
-            mode=mode,
-            column=column,
-            score_threshold=score_threshold,
-            chunks_per_row=chunks_per_row,
-            index=index,
-            query_vector=query_vector,
-        )
+        return semantic_search(session, cls, query, **options)
+
+    @classmethod
+    async def asemantic_search(
+        cls, session: Any, query: str, **options: Unpack[SearchOptions]
+    ) -> list[SearchHit[Self]]:
+        """Find rows of this model by meaning with an ``AsyncSession``; see
+        :func:`asemantic_search`."""
+        return await asemantic_search(session, cls, query, **options)

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from .index import SemanticIndex
-from .sync import ProcessReport
+from .processing import ProcessReport
 
 __all__ = ["Worker"]
 

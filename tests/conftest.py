@@ -29,6 +29,7 @@ from semantic_orm import EdgeStore, QdrantClientStore, SemanticIndex, SentenceTr
 from semantic_orm.stores import VectorStore
 from semantic_orm.testing import FlakyStore, HashEmbedder
 
+from .helpers import pysqlite_recipe
 from .models import Base
 
 # ============================================================================ 1. Environment
@@ -37,6 +38,22 @@ from .models import Base
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--ops",
+        type=int,
+        default=300,
+        help="operations per configuration of the model-based test (tests/test_model_based.py)",
+    )
+
+
+@pytest.fixture
+def ops(request: pytest.FixtureRequest) -> int:
+    """How many random operations the model-based test runs per configuration (``--ops``)."""
+    return int(request.config.getoption("--ops"))
+
 
 # ============================================================================ 2. Databases
 
@@ -117,14 +134,7 @@ def engine(db_url: URL) -> Iterator[Engine]:
     """
     eng = sa.create_engine(db_url)
     if eng.dialect.name == "sqlite":
-
-        @sa.event.listens_for(eng, "connect")
-        def _no_driver_transactions(dbapi_conn: Any, record: Any) -> None:
-            dbapi_conn.isolation_level = None
-
-        @sa.event.listens_for(eng, "begin")
-        def _explicit_begin(conn: sa.Connection) -> None:
-            conn.exec_driver_sql("BEGIN")
+        pysqlite_recipe(eng)
 
     try:
         yield eng

@@ -57,3 +57,15 @@ class Wide(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=3000, overlap=0))
+
+
+class Comment(SemanticSearchMixin, Base):
+    """A child row whose database-level cascades no flush event sees."""
+
+    __tablename__ = "comment"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    article_id: Mapped[int] = mapped_column(
+        ForeignKey("article.id", ondelete="CASCADE", onupdate="CASCADE")
+    )
+    body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=120, overlap=20))

@@ -343,10 +343,10 @@ def test_blank_text_gives_no_chunks(text: str) -> None:
 
 def test_whitespace_class_matches_str_isspace() -> None:
     expected = {ch for ch in map(chr, range(0x110000)) if ch.isspace()}
-    assert set(_core._WS_CHARS) == expected
-    assert _core._NON_WS.search(_core._WS_CHARS) is None
+    assert set(_core.WS_CHARS) == expected
+    assert _core.NON_WS.search(_core.WS_CHARS) is None
     everything = "".join(map(chr, range(0x110000)))
-    assert len(_core._NON_WS.findall(everything)) == 0x110000 - len(expected)
+    assert len(_core.NON_WS.findall(everything)) == 0x110000 - len(expected)
 
 
 # ------------------------------------------------------------------------------------------

@@ -90,16 +90,16 @@ def test_upgrade_matches_models_and_downgrade(connection: Connection) -> None:
     assert columns["content"]["nullable"] is True
     assert columns["title"]["nullable"] is False
     assert inspector.get_pk_constraint("knowledge_article")["constrained_columns"] == ["id"]
-    assert MigrationContext.configure(connection).get_current_revision() == "0002"
-    assert "semantic_orm_outbox" in inspector.get_table_names()
+    assert MigrationContext.configure(connection).get_current_revision() == "0003"
+    assert {"semantic_orm_outbox", "semantic_orm_checkpoint"} <= set(inspector.get_table_names())
 
     diff = compare_metadata(migration_context(connection), [Base.metadata, outbox.metadata])
     assert diff == []
 
     command.downgrade(cfg, "base")
     connection.commit()
-    tables = sa.inspect(connection).get_table_names()
-    assert "knowledge_article" not in tables and "semantic_orm_outbox" not in tables
+    tables = set(sa.inspect(connection).get_table_names())
+    assert not tables & {"knowledge_article", "semantic_orm_outbox", "semantic_orm_checkpoint"}
 
 
 def test_render_item_keeps_semantic_text_settings() -> None:

@@ -8,7 +8,6 @@ switches, and is resumable; ``gc`` finds the collections of dropped columns.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 import time
@@ -33,18 +32,7 @@ from semantic_orm import (
 from semantic_orm.maintenance import REBUILD_MARK, gc, rebuild, rebuild_name, status
 from semantic_orm.testing import HashEmbedder
 
-WORDS = [
-    "harbor", "glacier", "violin", "orchard", "comet", "lantern", "meadow", "falcon", "quartz",
-    "saffron", "tundra", "walnut", "zephyr", "basalt", "cobalt", "dune", "ember", "fjord",
-    "geyser", "hazel", "iris", "jasper", "kelp", "lagoon",
-]  # fmt: skip
-
-
-def doc_text(i: int) -> str:
-    """A few hundred characters whose rare word identifies row ``i``."""
-    word = WORDS[i]
-    filler = " ".join(f"common{j} words repeated here" for j in range(8))
-    return f"{word} {word} appears in the opening. {filler}. The closing mentions {word} again."
+from .helpers import WORDS, doc_text
 
 
 def make_model(chunk_size: int) -> Any:
@@ -345,50 +333,9 @@ def test_gc_lists_then_drops_collections_of_dropped_columns(
 def test_gc_refuses_an_index_that_knows_no_model(
     engine: Engine, store: VectorStore, hash_embedder: HashEmbedder
 ) -> None:
-    idx = SemanticIndex(store=store, embedder=hash_embedder)
+    idx = SemanticIndex(store=store, embedder=hash_embedder, models=[])
     with pytest.raises(Exception, match="knows no SemanticText column"):
         gc(idx, engine, dry_run=True, force=True)
-
-
-def test_cli_rebuild_and_gc(
-    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
-) -> None:
-    import importlib
-    import sys
-
-    from semantic_orm.cli import main as cli_main
-    from tests.models import Article, Base
-
-    monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", engine.url.render_as_string(hide_password=False))
-    monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "cli-vectors"))
-    Base.metadata.create_all(engine)
-    sys.modules.pop("tests.cli_app", None)
-    app = importlib.import_module("tests.cli_app")
-    try:
-        with app.Session() as s:
-            s.add_all(Article(id=i, title=f"t{i}", content=doc_text(i)) for i in range(5))
-            s.commit()
-        assert cli_main(["worker", "tests.cli_app:index", "--once", "--poll", "0.01"]) == 0
-        capsys.readouterr()
-        argv = ["reindex", "tests.cli_app:index", "tests.models:Article", "--rebuild"]
-        assert cli_main([*argv, "--no-switch"]) == 0
-        out = capsys.readouterr().out
-        assert "Article.content: rebuilt 5 rows" in out and "not switched yet" in out
-        assert cli_main(["gc", "tests.cli_app:index", "--dry-run"]) == 0
-        assert "no orphan collections" in capsys.readouterr().out  # a resumable rebuild is kept
-        assert cli_main(argv) == 0
-        out = capsys.readouterr().out
-        assert "0 chunks embedded" in out and "switched 'article__content'" in out
-        assert cli_main(["status", "tests.cli_app:index", "--json"]) == 0
-        rows = json.loads(capsys.readouterr().out)
-        (row,) = [r for r in rows if r["column"] == "Article.content"]
-        assert row["drift"] == {} and row["indexed_rows"] == 5 and row["pending_jobs"] == 0
-        with app.Session() as s:
-            hits = Article.semantic_search(s, WORDS[2], limit=1, mode="keyword")
-            assert [h.obj.id for h in hits] == [2]
-    finally:
-        app.index.close()
-        app.engine.dispose()
 
 
 HOLDER = """

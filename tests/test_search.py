@@ -1,4 +1,4 @@
-"""Model.semantic_search: ranking, grouping, SQL filters and rows gone from SQL.
+"""Search: ranking, grouping, modes, SQL filters, paging, stable order, and argument errors.
 
 Runs on SQLite and PostgreSQL and on both store adapters, with the fake word-hashing embedder,
 which ranks texts by shared words (search quality with a real model: test_integration.py).
@@ -9,10 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import String
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
-from sqlalchemy.orm import sessionmaker
 
-from semantic_orm import ConfigurationError, SemanticIndex, semantic_search
+from semantic_orm import (
+    ConfigurationError,
+    SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
+    semantic_search,
+)
 
 from .models import Article, Note
 
@@ -21,6 +29,20 @@ DOCS = {
     "cooking": "Cooking pasta needs salted boiling water. Drain the pasta and add the sauce.",
     "taxes": "Company taxes are declared every year. Accounting records support the taxes.",
 }
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Overlapping(SemanticSearchMixin, _Base):
+    """Heavily overlapping windows."""
+
+    __tablename__ = "overlapping"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(50))
+    body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=100, overlap=80))
 
 
 def seed(s: OrmSession) -> dict[str, Article]:
@@ -101,9 +123,14 @@ def test_score_threshold_and_module_function(
             s, Article, "company taxes", limit=3, mode="dense", score_threshold=best - 1e-4
         )
         assert [h.obj.title for h in strict] == ["taxes"]
-        # hybrid: the threshold bounds the cosine of dense candidates; keyword matches still fuse
-        fused = semantic_search(s, Article, "company taxes", limit=3, score_threshold=0.999)
-        assert [h.obj.title for h in fused] == ["taxes"]
+        # one meaning in every mode: hits scoring below the threshold are dropped
+        for mode in ("hybrid", "keyword"):
+            ranked = semantic_search(s, Article, "company taxes", limit=3, mode=mode)
+            top = semantic_search(
+                s, Article, "company taxes", limit=3, mode=mode, score_threshold=ranked[0].score
+            )
+            assert [h.obj.title for h in top] == ["taxes"]
+            assert all(h.score >= ranked[0].score for h in top)
 
 
 def test_choosing_among_several_semantic_columns(Session: sessionmaker[OrmSession]) -> None:
@@ -176,3 +203,139 @@ def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
         idx.drain(engine, timeout=10)
         (hit,) = Article.semantic_search(s, "rivers lakes water", limit=3)
         assert hit.chunk.text == "rivers" and hit.chunk.total_chunks == 1
+
+
+@pytest.mark.parametrize("mode", ["dense", "keyword"])
+def test_ties_are_ordered_by_primary_key_and_pages_do_not_overlap(
+    Session: sessionmaker[OrmSession], mode: str
+) -> None:
+    with Session() as s:
+        s.add_all(Article(id=i, title=f"t{i}", content="water rivers sea") for i in range(1, 13))
+        s.add(Article(id=99, title="other", content="cooking pasta"))
+        s.commit()
+        everything = [
+            h.obj.id
+            for h in Article.semantic_search(s, "water rivers", limit=20, mode=mode)  # type: ignore[arg-type]
+        ]
+        assert everything[:12] == list(range(1, 13))  # numeric order, not "1", "10", "2"
+        assert everything[12:] == ([] if mode == "keyword" else [99])  # no shared word
+        pages = [
+            Article.semantic_search(s, "water rivers", limit=5, offset=o, mode=mode)  # type: ignore[arg-type]
+            for o in (0, 5, 10)
+        ]
+        assert [h.obj.id for p in pages for h in p] == everything
+        assert Article.semantic_search(s, "water", limit=5, offset=50, mode=mode) == []  # type: ignore[arg-type]
+
+
+def test_keyword_mode_matches_words_only_and_hybrid_is_the_default(
+    Session: sessionmaker[OrmSession],
+) -> None:
+    with Session() as s:
+        s.add_all(
+            [
+                Article(title="code", content="Replace filter cartridge ZK-9041 every spring."),
+                Article(title="water", content="Fresh water flows from the spring."),
+                Article(title="none", content="Nothing related at all here."),
+            ]
+        )
+        s.commit()
+        found = Article.semantic_search(s, "zk-9041", limit=5, mode="keyword")
+        assert [h.obj.title for h in found] == ["code"]  # rows without the term are not returned
+        assert Article.semantic_search(s, "the of and", limit=5, mode="keyword") == []  # stopwords
+        hybrid = Article.semantic_search(s, "spring ZK-9041", limit=3)
+        assert hybrid[0].obj.title == "code"
+        assert hybrid[0].score == pytest.approx(2 / 60, rel=1e-4)  # first in both rankings
+
+
+def test_chunk_mode_skips_near_duplicate_windows_of_the_same_row(
+    engine: Engine, index: SemanticIndex
+) -> None:
+    _Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    index.install(factory)
+    try:
+        filler = "Gardens grow flowers in warm months. " * 8
+        body = filler + "The lighthouse keeper logged a storm. " + filler  # one passage matches
+        with factory() as s:
+            s.add(Overlapping(id=1, title="log", body=body))
+            s.add(Overlapping(id=2, title="short", body="the lighthouse keeper"))
+            s.commit()
+            hits = Overlapping.semantic_search(
+                s, "lighthouse keeper storm", limit=6, group_by="chunk", mode="dense"
+            )
+            assert len(hits) == 6
+            assert "lighthouse" in hits[0].chunk.text
+            by_row: dict[int, list[tuple[int, int]]] = {}
+            for h in hits:
+                by_row.setdefault(h.obj.id, []).append((h.chunk.start_offset, h.chunk.end_offset))
+            for spans in by_row.values():
+                for i, (a0, a1) in enumerate(spans):
+                    for b0, b1 in spans[i + 1 :]:
+                        overlap = min(a1, b1) - max(a0, b0)
+                        assert 2 * overlap <= min(a1 - a0, b1 - b0), (spans, overlap)
+            # row mode still keeps a row's best (overlapping) chunks together
+            rows = Overlapping.semantic_search(
+                s, "lighthouse keeper storm", limit=2, mode="dense", chunks_per_row=3
+            )
+            (row,) = [h for h in rows if h.obj.id == 1]
+            assert len(row.chunks) == 3 and "lighthouse" in row.chunk.text
+
+    finally:
+        index.uninstall(factory)
+
+
+def test_bad_mode_and_offset_are_refused(Session: sessionmaker[OrmSession]) -> None:
+    with Session() as s:
+        with pytest.raises(ConfigurationError, match="mode must be one of"):
+            Article.semantic_search(s, "x", mode="fuzzy")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="offset must be >= 0"):
+            Article.semantic_search(s, "x", offset=-1)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "keyword"])
+@pytest.mark.parametrize("group_by", ["row", "chunk"])
+def test_pages_concatenate_to_one_search(installed: Any, mode: str, group_by: str) -> None:
+    _idx, factory = installed()
+    with factory() as s:
+        s.add_all(
+            Article(
+                id=i, title="t", lang="fr" if i % 3 else "en", content="identical text about rivers"
+            )
+            for i in range(1, 61)
+        )
+        s.commit()
+        for where in (None, Article.lang == "fr"):
+            whole = Article.semantic_search(
+                s, "rivers", limit=30, mode=mode, group_by=group_by, where=where
+            )
+            pages = [
+                hit
+                for page in range(6)
+                for hit in Article.semantic_search(
+                    s, "rivers", limit=5, offset=5 * page, mode=mode, group_by=group_by, where=where
+                )
+            ]
+            assert [h.obj.id for h in pages] == [h.obj.id for h in whole]
+            assert len({h.obj.id for h in whole}) == 30 if group_by == "row" else len(whole) == 30
+
+
+def test_bad_arguments_name_the_argument(installed: Any) -> None:
+    _idx, factory = installed()
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="some text"))
+        s.commit()
+        for bad, name in [
+            ({"limit": 2.5}, "limit"),
+            ({"limit": "5"}, "limit"),
+            ({"limit": None}, "limit"),
+            ({"limit": True}, "limit"),
+            ({"offset": -1}, "offset"),
+            ({"limit": 2**62}, "limit"),
+            ({"chunks_per_row": 0}, "chunks_per_row"),
+            ({"score_threshold": float("nan")}, "score_threshold"),
+            ({"query_vector": [float("nan")] * 64}, "query_vector"),
+            ({"mode": "fuzzy"}, "mode"),
+            ({"limt": 5}, "limt"),
+        ]:
+            with pytest.raises(ConfigurationError, match=name):
+                Article.semantic_search(s, "text", **bad)

@@ -1,8 +1,12 @@
-"""The vector-store protocol, on both real Qdrant adapters (Edge and qdrant-client local mode)."""
+"""The store protocols, on both Qdrant adapters (Edge, qdrant-client local mode) and the
+in-memory double shipped in ``semantic_orm.testing``: all three must behave alike."""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,9 +18,46 @@ from semantic_orm import (
     QdrantClientStore,
     keywords,
 )
-from semantic_orm.stores import CollectionSpec, VectorPoint, VectorStore, point_id
+from semantic_orm.stores import (
+    CollectionSpec,
+    SearchRequest,
+    Store,
+    StoreAdmin,
+    VectorPoint,
+    VectorStore,
+    point_id,
+)
+from semantic_orm.stores.base import (
+    DatetimeRange,
+    Filter,
+    IsNull,
+    Match,
+    MatchAny,
+    MatchExcept,
+    Range,
+    Ranking,
+)
+from semantic_orm.testing import MemoryStore
 
 SPEC = CollectionSpec(name="doc__body", dimension=4, model="m-4", metadata={"chunker": {"x": 1}})
+
+
+@pytest.fixture(params=["edge", "client", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Both real adapters and the in-memory double."""
+    made: Store
+    if request.param == "edge":
+        made = EdgeStore(tmp_path / "vectors", batch_size=7)
+    elif request.param == "client":
+        made = QdrantClientStore(location=":memory:", batch_size=7)
+    else:
+        made = MemoryStore()
+    yield made
+    made.close()
+
+
+def dense(vector: np.ndarray, limit: int, **kw: float) -> SearchRequest:
+    return SearchRequest((Ranking("dense", vector, limit, **kw),))  # type: ignore[arg-type]
 
 
 def vec(*values: float) -> np.ndarray:
@@ -58,8 +99,8 @@ def test_point_ids_are_deterministic_and_distinct() -> None:
     )
 
 
-def test_satisfies_protocol(store: VectorStore) -> None:
-    assert isinstance(store, VectorStore)
+def test_satisfies_protocols(store: Store) -> None:
+    assert isinstance(store, VectorStore) and isinstance(store, StoreAdmin)
 
 
 def test_upsert_search_and_payload(store: VectorStore) -> None:
@@ -67,11 +108,13 @@ def test_upsert_search_and_payload(store: VectorStore) -> None:
     store.ensure_collection(SPEC)  # idempotent
     store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0), vec(0, 1, 0, 0)]))
     store.upsert(SPEC.name, row_points("2", [vec(0, 0, 1, 0)]))
-    hits = store.search(SPEC.name, vec(0.1, 1, 0, 0), 2)
+    (hits,) = store.query(SPEC.name, dense(vec(0.1, 1, 0, 0), 2))
     assert [(h.payload["pk"], h.payload["chunk_index"]) for h in hits] == [("1", 1), ("1", 0)]
     assert hits[0].score == pytest.approx(float(vec(0.1, 1, 0, 0) @ vec(0, 1, 0, 0)), abs=1e-5)
     assert hits[0].payload["start_offset"] == 10 and hits[0].payload["total_chunks"] == 2
-    assert store.search(SPEC.name, vec(1, 1, 1, 1), 10, score_threshold=0.99) == []
+    assert store.query(SPEC.name, dense(vec(1, 1, 1, 1), 10, threshold=0.99)) == [[]]
+    (page,) = store.query(SPEC.name, SearchRequest((Ranking("dense", vec(0.1, 1, 0, 0), 2, 1),)))
+    assert [(h.payload["pk"], h.payload["chunk_index"]) for h in page] == [("1", 0), ("2", 0)]
 
 
 def test_upserting_the_same_ids_overwrites(store: VectorStore) -> None:
@@ -96,7 +139,7 @@ def test_delete_rows_prunes_and_removes(store: VectorStore) -> None:
 
 def test_missing_collection_reads_as_empty(store: VectorStore) -> None:
     assert store.count("nope") == 0
-    assert store.search("nope", vec(1, 0, 0, 0), 5) == []
+    assert store.query("nope", dense(vec(1, 0, 0, 0), 5)) == [[]]
     assert store.points("nope") == []
     store.delete_rows("nope", [("1", 0)])
 
@@ -115,8 +158,8 @@ def test_mismatched_collection_is_refused_naming_both(
     store: VectorStore, spec: CollectionSpec, pattern: str
 ) -> None:
     store.ensure_collection(SPEC)
-    if isinstance(store, QdrantClientStore):
-        store._known.clear()  # as a fresh process would see it
+    if isinstance(store, QdrantClientStore):  # as a fresh process would see it
+        store = QdrantClientStore(client=store.client)
     with pytest.raises(CollectionMismatchError, match=pattern):
         store.ensure_collection(spec)
 
@@ -189,26 +232,74 @@ def test_keyword_and_hybrid_search(store: VectorStore) -> None:
     store.ensure_collection(SPEC)
     store.upsert(SPEC.name, keyword_points(texts, vectors))
     query = vec(1, 0, 0, 0)  # dense query close to b and c, far from a
-    dense = store.search(SPEC.name, query, 3, mode="dense")
-    assert [h.payload["pk"] for h in dense] == ["b", "c", "a"]
     code = keywords.query_vector("xr-7734")
-    found = store.search(SPEC.name, None, 3, sparse=code, mode="keyword")
-    assert [h.payload["pk"] for h in found] == ["a"]  # only rows sharing a term come back
-    assert found[0].score > 0
-    sparse = keywords.query_vector("XR-7734 water")
-    hybrid = store.search(SPEC.name, query, 3, sparse=sparse, mode="hybrid")
-    by_pk = {h.payload["pk"]: h.score for h in hybrid}
-    # RRF, k=60, ranks from 0: a is first by keyword, third (rank 2) by cosine
-    assert set(by_pk) == {"a", "b", "c"}
-    assert by_pk["a"] == pytest.approx(1 / 60 + 1 / 62, rel=1e-4)
-    assert by_pk["a"] > by_pk["c"]
-    # hybrid with a cosine threshold: dense candidates below it are not fused
-    strict = store.search(SPEC.name, query, 3, sparse=sparse, mode="hybrid", score_threshold=0.99)
-    strict_scores = {h.payload["pk"]: h.score for h in strict}
-    assert strict_scores["a"] == pytest.approx(1 / 60, rel=1e-4)  # keyword list only
+    both = SearchRequest((Ranking("dense", query, 3), Ranking("bm25", code, 3)))
+    by_cosine, by_keyword = store.query(SPEC.name, both)  # one request, two rankings
+    assert [h.payload["pk"] for h in by_cosine] == ["b", "c", "a"]
+    assert [h.payload["pk"] for h in by_keyword] == ["a"]  # only rows sharing a term
+    assert by_keyword[0].score > 0
     # vectors read back for incremental updates are the dense ones
     (point,) = store.existing(SPEC.name, ["a"])
     assert point.vector is not None and np.allclose(point.vector, vectors["a"])
+
+
+def test_keyword_scores_are_bm25_with_idf_alike_on_every_store(store: Store) -> None:
+    texts = {str(i): f"word{i % 3} shared filler text number {i}" for i in range(9)}
+    vectors = {pk: vec(1, int(pk), 0, 1) for pk in texts}
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, keyword_points(texts, vectors))
+    (found,) = store.query(
+        SPEC.name, SearchRequest((Ranking("bm25", keywords.query_vector("word1 shared"), 9),))
+    )
+    reference = MemoryStore()  # exact BM25 with Qdrant's IDF
+    reference.ensure_collection(SPEC)
+    reference.upsert(SPEC.name, keyword_points(texts, vectors))
+    (expected,) = reference.query(
+        SPEC.name, SearchRequest((Ranking("bm25", keywords.query_vector("word1 shared"), 9),))
+    )
+
+    def scored(hits: list[Any]) -> list[tuple[float, str]]:
+        return sorted((round(-h.score, 4), h.payload["pk"]) for h in hits)
+
+    assert scored(found) == scored(expected)  # ties in any order
+
+
+def test_filters_mean_the_same_on_every_store(store: Store) -> None:
+    store.ensure_collection(SPEC)
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    points = []
+    for i in range(6):
+        (p,) = row_points(str(i), [vec(1, i, 0, 0)])
+        fields = {
+            "n": i,
+            "tag": "ab"[i % 2],
+            "flag": i % 3 == 0,
+            "at": (when + dt.timedelta(days=i)).isoformat(),
+        }
+        if i == 5:
+            fields = {}
+        points.append(VectorPoint(p.id, p.vector, {**p.payload, "f": fields}))
+    store.upsert(SPEC.name, points)
+
+    def pks(flt: Filter) -> list[str]:
+        (hits,) = store.query(
+            SPEC.name, SearchRequest((Ranking("dense", vec(1, 0, 0, 0), 10),), flt)
+        )
+        return sorted(h.payload["pk"] for h in hits)
+
+    assert pks(Filter(must=(Match("f.tag", "a"),))) == ["0", "2", "4"]
+    assert pks(Filter(must=(MatchAny("f.n", (1, 3)),))) == ["1", "3"]
+    assert pks(Filter(must=(MatchExcept("f.tag", ("a",)),))) == ["1", "3"]
+    assert pks(Filter(must=(Range("f.n", gte=2, lt=4),))) == ["2", "3"]
+    assert pks(Filter(must=(DatetimeRange("f.at", gt=when + dt.timedelta(days=3)),))) == ["4"]
+    assert pks(Filter(must=(IsNull("f.n"),))) == ["5"]
+    assert pks(Filter(should=(Match("f.n", 0), Match("f.n", 4)))) == ["0", "4"]
+    assert pks(Filter(must_not=(Match("f.tag", "a"), IsNull("f.n")))) == ["1", "3"]
+    assert pks(
+        Filter(
+            must=(Filter(should=(Match("f.n", 1), Match("f.n", 2))),), must_not=(Match("f.n", 2),)
+        )
+    ) == ["1"]
 
 
 def test_collection_of_the_old_single_vector_layout_is_refused(tmp_path: Path) -> None:

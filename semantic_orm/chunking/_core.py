@@ -18,37 +18,37 @@ from typing import Any, Protocol, runtime_checkable
 import regex
 
 # Exactly the characters for which ``str.isspace()`` is true (checked by the test-suite).
-_WS_CHARS = (
+WS_CHARS = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
     "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 # Whitespace where a line may be broken between words: all but the no-break spaces.
-_BREAKABLE_WS_CHARS = "".join(ch for ch in _WS_CHARS if ch not in "\xa0\u2007\u202f")
+_BREAKABLE_WS_CHARS = "".join(ch for ch in WS_CHARS if ch not in "\xa0\u2007\u202f")
 _CJK_TERMINATORS = "\u3002\uff01\uff1f\uff1b"  # 。！？；
 _LATIN_TERMINATORS = ".!?\u2026"
 
 
-def _char_class(chars: str) -> str:
+def char_class(chars: str) -> str:
     """Return the body of a regex character class matching exactly ``chars``."""
     return "".join(f"\\U{ord(ch):08x}" for ch in chars)
 
 
-_WS = _char_class(_WS_CHARS)
+WS = char_class(WS_CHARS)
 
 _GRAPHEME = regex.compile(r"\X")
-_NON_WS = regex.compile(f"[^{_WS}]")
-_LAST_NON_WS = regex.compile(f"[^{_WS}]", flags=regex.REVERSE)
+NON_WS = regex.compile(f"[^{WS}]")
+LAST_NON_WS = regex.compile(f"[^{WS}]", flags=regex.REVERSE)
 
 _PARAGRAPH = r"\r?\n[^\S\r\n]*\r?\n|\u2029"
 _LINE = r"[\n\r\x0b\x0c\x85\u2028]"
 _SENTENCE = (
     # Latin terminators, optional closing quotes/brackets, then whitespace (not consumed).
-    f"[{_char_class(_LATIN_TERMINATORS)}][\"'\\u201d\\u2019)\\]\\u00bb]{{0,3}}(?=[{_WS}])"
+    f"[{char_class(_LATIN_TERMINATORS)}][\"'\\u201d\\u2019)\\]\\u00bb]{{0,3}}(?=[{WS}])"
     # CJK terminators need no following space; closing brackets/quotes stay with the sentence.
-    f"|[{_char_class(_CJK_TERMINATORS)}]"
+    f"|[{char_class(_CJK_TERMINATORS)}]"
     "[\\u300d\\u300f\\uff09\\u201d\\u2019\\u3009\\u300b\\u3011]{0,3}"
 )
-_WORD = f"[{_char_class(_BREAKABLE_WS_CHARS)}]"
+_WORD = f"[{char_class(_BREAKABLE_WS_CHARS)}]"
 
 # How far past the window a separator match may need to look (e.g. for ``(?=\s)``).
 _MAX_SEPARATOR_LOOK = 64
@@ -160,7 +160,7 @@ class ChunkerFactory(Protocol):
 # --------------------------------------------------------------------------------------------
 
 
-def _first_boundary_after(text: str, anchor: int, j: int, endpos: int) -> int:
+def first_boundary_after(text: str, anchor: int, j: int, endpos: int) -> int:
     """Return the first grapheme boundary after index ``j``, looking no further than ``endpos``.
 
     ``anchor <= j`` must be a known boundary. Rules such as regional-indicator pairing look
@@ -200,7 +200,7 @@ def _joins(ch: str, pattern: regex.Pattern[str], cache: dict[str, bool]) -> bool
     return hit
 
 
-def _is_boundary(text: str, i: int, anchor: int) -> bool:
+def is_boundary(text: str, i: int, anchor: int) -> bool:
     """Return whether index ``i`` is a grapheme boundary (``anchor <= i`` is a known one)."""
     if i <= anchor or i >= len(text):
         return True
@@ -212,14 +212,14 @@ def _is_boundary(text: str, i: int, anchor: int) -> bool:
         b, _JOINS_PREV, _JOINS_PREV_CACHE
     ):
         return True  # e.g. between two ideographs: no rule can join them
-    return _first_boundary_after(text, anchor, i - 1, i + 1) == i
+    return first_boundary_after(text, anchor, i - 1, i + 1) == i
 
 
-def _snap_back(text: str, i: int, lo: int) -> int:
+def snap_back(text: str, i: int, lo: int) -> int:
     """Return the largest grapheme boundary in ``[lo, i]``, treating ``lo`` as a boundary."""
     if i <= lo:
         return lo
-    if _is_boundary(text, i, lo):
+    if is_boundary(text, i, lo):
         return i
     # "there is a boundary in (j, i]" is monotone in j: find the largest such j in
     # [lo - 1, i - 1] by galloping backwards, then bisecting. Only reached when i lies inside
@@ -253,21 +253,21 @@ def _snap_back(text: str, i: int, lo: int) -> int:
     return lo + good + 1
 
 
-def _snap_forward(text: str, i: int, anchor: int, hi: int) -> int:
+def snap_forward(text: str, i: int, anchor: int, hi: int) -> int:
     """Return the smallest grapheme boundary in ``[i, hi]``, or ``hi`` if there is none.
 
     ``anchor <= i`` must be a known boundary.
     """
-    if i >= hi or _is_boundary(text, i, anchor):
+    if i >= hi or is_boundary(text, i, anchor):
         return i
-    return _first_boundary_after(text, anchor, i, hi)
+    return first_boundary_after(text, anchor, i, hi)
 
 
-def _skip_ws(text: str, i: int, hi: int) -> int:
+def skip_ws(text: str, i: int, hi: int) -> int:
     """Return the first non-whitespace index in ``[i, hi)``, or ``hi`` if there is none."""
     if i < hi and not text[i].isspace():
         return i
-    m = _NON_WS.search(text, i, hi)
+    m = NON_WS.search(text, i, hi)
     return hi if m is None else int(m.start())
 
 
@@ -352,7 +352,7 @@ class _Level:
 
 _CHAR_LEVEL = _Level(name="char", forward=None, backward=None, cut_before=True, max_len=0)
 
-_DEFAULT_LEVELS: tuple[_Level, ...] = (
+DEFAULT_LEVELS: tuple[_Level, ...] = (
     _Level.from_pattern(
         "paragraph",
         _PARAGRAPH,
@@ -370,7 +370,7 @@ _DEFAULT_LEVELS: tuple[_Level, ...] = (
         max_len=_MAX_SEPARATOR_LOOK,
         probes=[
             tuple(_LATIN_TERMINATORS + _CJK_TERMINATORS),
-            tuple(_WS_CHARS + _CJK_TERMINATORS),
+            tuple(WS_CHARS + _CJK_TERMINATORS),
         ],
     ),
     _Level.from_pattern(
@@ -380,7 +380,7 @@ _DEFAULT_LEVELS: tuple[_Level, ...] = (
 )
 
 
-def _levels_from_separators(separators: Sequence[str]) -> tuple[_Level, ...]:
+def levels_from_separators(separators: Sequence[str]) -> tuple[_Level, ...]:
     levels: list[_Level] = []
     seen: set[str] = set()
     for sep in separators:
@@ -429,7 +429,7 @@ def chunks_from_spans(text: str, spans: Sequence[tuple[Any, ...]]) -> list[Chunk
     return out
 
 
-class _SizedChunker:
+class SizedChunker:
     """Validated ``chunk_size``/``overlap`` shared by the built-in chunkers."""
 
     def __init__(self, chunk_size: int, overlap: int) -> None:

@@ -67,12 +67,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._core import (
-    _DEFAULT_LEVELS,
+    DEFAULT_LEVELS,
     Chunk,
-    _first_boundary_after,
-    _skip_ws,
-    _snap_back,
     chunks_from_spans,
+    first_boundary_after,
+    skip_ws,
+    snap_back,
 )
 from .recursive import RecursiveChunker
 
@@ -81,7 +81,7 @@ __all__ = ["TokenSpans", "fit_to_window", "tokenizer_spans"]
 #: Returns the ``(start, end)`` character offsets of each token of a string.
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
 
-_SEARCH_LEVELS = tuple(level for level in _DEFAULT_LEVELS if level.forward is not None)
+_SEARCH_LEVELS = tuple(level for level in DEFAULT_LEVELS if level.forward is not None)
 
 
 def tokenizer_spans(tokenizer: Any) -> Callable[[str], list[tuple[int, int]]]:
@@ -180,17 +180,17 @@ def _split(
                 break
             budget = max(1, budget - (n - max_tokens))
         out.append((pos, end))
-        nxt = _skip_ws(text, end, hi)
+        nxt = skip_ws(text, end, hi)
         if nxt >= hi:
             return out
-        pos = _snap_back(text, nxt, end)
+        pos = snap_back(text, nxt, end)
         toks = token_spans(text[pos:hi])
 
 
 def _choose_end(text: str, pos: int, hi: int, toks: Sequence[tuple[int, int]], budget: int) -> int:
     """Return a trimmed, grapheme-safe end for a piece starting at ``pos`` of ``budget`` tokens."""
     limit = pos + toks[budget][0]  # start of the first token that does not fit
-    min_end = _first_boundary_after(text, pos, pos, hi)
+    min_end = first_boundary_after(text, pos, pos, hi)
     if limit <= pos:
         return min_end
     window_lo = max(pos + 1, pos + toks[(3 * budget) // 4][0])
@@ -200,7 +200,7 @@ def _choose_end(text: str, pos: int, hi: int, toks: Sequence[tuple[int, int]], b
         if found is not None and found > pos:
             cut = found
             break
-    cut = _snap_back(text, cut, pos)
+    cut = snap_back(text, cut, pos)
     if cut < min_end:
         return min_end
     return RecursiveChunker._trim_end(text, cut, min_end)

@@ -52,15 +52,15 @@ from typing import Any, TypeAlias
 import regex
 
 from ._core import (
-    _LAST_NON_WS,
+    LAST_NON_WS,
     Chunk,
-    _SizedChunker,
-    _skip_ws,
-    _snap_back,
+    SizedChunker,
     chunks_from_spans,
+    skip_ws,
+    snap_back,
 )
 from .recursive import RecursiveChunker
-from .sentence import _CJK_CHAR, _pack, _trimmed_spans, sentence_spans
+from .sentence import CJK_CHAR, pack_spans, sentence_spans, trimmed_spans
 
 __all__ = ["DEFAULT_HEADING_PATTERN", "HeadingRule", "HybridChunker", "Pattern"]
 
@@ -97,7 +97,7 @@ def _compile(pattern: str | Pattern, flags: int = 0) -> Pattern:
     raise TypeError(f"expected a regex string or compiled pattern, got {type(pattern).__name__}")
 
 
-class HybridChunker(_SizedChunker):
+class HybridChunker(SizedChunker):
     """Chunker that follows document structure: sections, paragraphs, then sentence windows.
 
     See the module docstring for the algorithm and the metadata each chunk carries.
@@ -230,7 +230,7 @@ class HybridChunker(_SizedChunker):
                             first = 0
                         else:
                             _settle(records, heading, section_index)
-                    windows = _pack(
+                    windows = pack_spans(
                         text, sentences, size, self._overlap, self._fallback, word_overlap=True
                     )
                     for w, (ws, we) in enumerate(windows):
@@ -315,20 +315,20 @@ class HybridChunker(_SizedChunker):
         body = a if heading_end < 0 else heading_end
         cuts: list[int] = [] if heading_end < 0 else [heading_end]
         breaks = _blank_line_breaks(text, body, b)
-        first = _skip_ws(text, body, b)
-        last = _LAST_NON_WS.search(text, first, b)
+        first = skip_ws(text, body, b)
+        last = LAST_NON_WS.search(text, first, b)
         inner_lo, inner_hi = first, (first if last is None else last.end())
         if not any(inner_lo <= pos < inner_hi for pos in breaks) and self._is_cjk(text, body, b):
             # CJK text without blank lines (inside the section): one paragraph per line.
             breaks = [m.start() for m in _LINE_END.finditer(text, body, b)]
         cuts.extend(breaks)
-        return _trimmed_spans(text, cuts, a, b)
+        return trimmed_spans(text, cuts, a, b)
 
     @staticmethod
     def _is_cjk(text: str, lo: int, hi: int) -> bool:
         sample = text[lo : min(hi, lo + _CJK_SAMPLE)]
         non_ws = len(sample) - sum(1 for ch in sample if ch.isspace())
-        return non_ws > 0 and 10 * len(_CJK_CHAR.findall(sample)) >= 3 * non_ws
+        return non_ws > 0 and 10 * len(CJK_CHAR.findall(sample)) >= 3 * non_ws
 
     def _apply_clean(
         self, text: str, records: list[tuple[int, int, dict[str, Any]]]
@@ -343,8 +343,8 @@ class HybridChunker(_SizedChunker):
                     m = pattern.match(text[start:e])
                     if m is None or m.end() == 0:
                         continue
-                    new = _skip_ws(text, start + m.end(), e)
-                    new = _snap_back(text, new, start) if new < e else e
+                    new = skip_ws(text, start + m.end(), e)
+                    new = snap_back(text, new, start) if new < e else e
                     if new > start:
                         start, moved = new, True
                         break

@@ -31,22 +31,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._core import (
-    _DEFAULT_LEVELS,
-    _LAST_NON_WS,
+    DEFAULT_LEVELS,
+    LAST_NON_WS,
     Chunk,
-    _first_boundary_after,
-    _levels_from_separators,
-    _SizedChunker,
-    _skip_ws,
-    _snap_back,
-    _snap_forward,
+    SizedChunker,
     chunks_from_spans,
+    first_boundary_after,
+    levels_from_separators,
+    skip_ws,
+    snap_back,
+    snap_forward,
 )
 
 __all__ = ["RecursiveChunker"]
 
 
-class RecursiveChunker(_SizedChunker):
+class RecursiveChunker(SizedChunker):
     """Separator-aware chunker with exact offsets, grapheme-safe cuts and linear running time.
 
     Cuts prefer paragraph breaks, then line breaks, then sentence ends, then whitespace, and
@@ -83,9 +83,7 @@ class RecursiveChunker(_SizedChunker):
             raise TypeError("separators must be a sequence of strings, not a single string")
         self._separators: tuple[str, ...] | None = None if separators is None else tuple(separators)
         self._levels = (
-            _DEFAULT_LEVELS
-            if self._separators is None
-            else _levels_from_separators(self._separators)
+            DEFAULT_LEVELS if self._separators is None else levels_from_separators(self._separators)
         )
 
     @property
@@ -130,12 +128,12 @@ class RecursiveChunker(_SizedChunker):
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        spans = self._spans(text)
+        spans = self.spans(text)
         return chunks_from_spans(text, spans)
 
     # -- internals ------------------------------------------------------------------------
 
-    def _spans(self, text: str, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
+    def spans(self, text: str, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
         """Return the chunk spans of ``text[lo:hi]``, in offsets of ``text``.
 
         ``lo`` and ``hi`` must be grapheme boundaries; the other chunkers use this to split an
@@ -147,18 +145,18 @@ class RecursiveChunker(_SizedChunker):
         prev_start, prev_end, prev_hard = -1, lo, False
         while True:
             # First character the next chunk must cover, and the smallest end that covers it.
-            first = _skip_ws(text, prev_end, n)
+            first = skip_ws(text, prev_end, n)
             if first >= n:
                 break
             # (bounded: anything past first + size cannot fit in a chunk anyway)
-            min_end = _first_boundary_after(text, prev_end, first, min(n, first + size + 1))
+            min_end = first_boundary_after(text, prev_end, first, min(n, first + size + 1))
             start = -1
             if spans and self._overlap:
                 start = self._overlap_start(text, prev_start, prev_end, prev_hard)
                 if start >= 0 and min_end - start > size:
                     start = -1  # overlapping would leave no room for new text
             if start < 0:
-                start = _snap_back(text, first, prev_end)
+                start = snap_back(text, first, prev_end)
             limit = min(start + size, n)
             hard = False
             if min_end > limit:
@@ -176,7 +174,7 @@ class RecursiveChunker(_SizedChunker):
         """Return ``(end, hard)`` for a chunk starting at ``start``; end in [min_end, limit]."""
         for level in self._levels:
             if level.forward is None:
-                return self._trim_end(text, _snap_back(text, limit, min_end), min_end), True
+                return self._trim_end(text, snap_back(text, limit, min_end), min_end), True
             cut = level.last_cut(text, min_end, limit, start)
             if cut is not None:
                 return self._trim_end(text, cut, min_end), False
@@ -187,9 +185,9 @@ class RecursiveChunker(_SizedChunker):
         """Move ``cut`` back over trailing whitespace, then onto a grapheme boundary."""
         end = cut
         if end > min_end and text[end - 1].isspace():
-            m = _LAST_NON_WS.search(text, min_end, end)
+            m = LAST_NON_WS.search(text, min_end, end)
             end = min_end if m is None else max(min_end, int(m.end()))
-        return _snap_back(text, end, min_end)
+        return snap_back(text, end, min_end)
 
     def _overlap_start(self, text: str, prev_start: int, prev_end: int, prev_hard: bool) -> int:
         """Return where the next chunk starts inside the previous one, or -1 for no overlap."""
@@ -207,10 +205,10 @@ class RecursiveChunker(_SizedChunker):
                 continue
             pos = candidate
             while pos < prev_end:
-                pos = _skip_ws(text, pos, prev_end)
+                pos = skip_ws(text, pos, prev_end)
                 if pos >= prev_end:
                     break
-                snapped = _snap_forward(text, pos, prev_start, prev_end)
+                snapped = snap_forward(text, pos, prev_start, prev_end)
                 if snapped == pos:
                     return pos
                 pos = snapped

@@ -49,17 +49,17 @@ from typing import Any
 import regex
 
 from ._core import (
-    _LAST_NON_WS,
-    _NON_WS,
-    _WS,
+    LAST_NON_WS,
+    NON_WS,
+    WS,
     Chunk,
-    _char_class,
-    _is_boundary,
-    _SizedChunker,
-    _skip_ws,
-    _snap_back,
-    _snap_forward,
+    SizedChunker,
+    char_class,
     chunks_from_spans,
+    is_boundary,
+    skip_ws,
+    snap_back,
+    snap_forward,
 )
 from .recursive import RecursiveChunker
 
@@ -95,13 +95,13 @@ _SCAN = regex.compile(
     # Blank line or paragraph separator: the sentence ends where the break starts.
     r"(?P<para>\r?\n[^\S\r\n]*\r?\n|\u2029)"
     # Latin terminator run, closing quotes/brackets (French "» " after a space), then space/end.
-    f"|(?P<lat>(?P<term>[{_char_class(_LATIN_TERMS)}]+)"
-    f"(?:[{_CLOSERS}]|[ \\u00a0\\u202f\\u2009]\\u00bb)*)(?=[{_WS}]|\\Z)"
+    f"|(?P<lat>(?P<term>[{char_class(_LATIN_TERMS)}]+)"
+    f"(?:[{_CLOSERS}]|[ \\u00a0\\u202f\\u2009]\\u00bb)*)(?=[{WS}]|\\Z)"
     # CJK terminators need no following space ("．" between digits is a decimal point).
-    f"|(?P<cjk>(?:\\uff0e(?![0-9\\uff10-\\uff19])|[{_char_class(_CJK_TERMS[:-2])}\\uff61])+"
+    f"|(?P<cjk>(?:\\uff0e(?![0-9\\uff10-\\uff19])|[{char_class(_CJK_TERMS[:-2])}\\uff61])+"
     f"[{_CLOSERS}]*)"
     # A single line break (CRLF as one): a boundary unless inside flowing non-CJK text.
-    f"|(?P<line>\\r\\n|[{_char_class(_LINE_BREAKS)}])"
+    f"|(?P<line>\\r\\n|[{char_class(_LINE_BREAKS)}])"
 )
 
 
@@ -126,14 +126,14 @@ _LOOKAHEAD = 64  # how far to look for the next word after a candidate
 # "Flowing text" on both sides of a single line break means no sentence boundary there.
 _FLOW_BEFORE = regex.compile(r"[\p{L}\p{M}\p{N},;:\-\u2013\u2014]")
 _FLOW_AFTER = regex.compile(r"[\p{L}\p{N}]")
-_CJK_CHAR = regex.compile(f"[{_CJK}]")
+CJK_CHAR = regex.compile(f"[{_CJK}]")
 _LOWER = regex.compile(r"\p{Ll}")
 _UPPER = regex.compile(r"\p{Lu}|\p{Lt}")
 
 
 def _next_non_ws(text: str, i: int, hi: int) -> str:
     """Return the first non-whitespace character in ``text[i:hi]`` (bounded look), or ``""``."""
-    m = _NON_WS.search(text, i, min(hi, i + _LOOKAHEAD))
+    m = NON_WS.search(text, i, min(hi, i + _LOOKAHEAD))
     return "" if m is None else text[m.start()]
 
 
@@ -165,7 +165,7 @@ def _latin_end(text: str, m: regex.Match[str], lo: int, hi: int) -> bool:
 
 def _line_end(text: str, pos: int, end: int, lo: int, hi: int) -> bool:
     """Decide whether the single line break ``text[pos:end]`` ends a sentence."""
-    prev_m = _LAST_NON_WS.search(text, max(lo, pos - _LOOKAHEAD), pos)
+    prev_m = LAST_NON_WS.search(text, max(lo, pos - _LOOKAHEAD), pos)
     nxt = _next_non_ws(text, end, hi)
     if prev_m is None or not nxt:
         return True
@@ -173,13 +173,13 @@ def _line_end(text: str, pos: int, end: int, lo: int, hi: int) -> bool:
     flowing = (
         _FLOW_BEFORE.match(prev) is not None
         and _FLOW_AFTER.match(nxt) is not None
-        and _CJK_CHAR.match(prev) is None
-        and _CJK_CHAR.match(nxt) is None
+        and CJK_CHAR.match(prev) is None
+        and CJK_CHAR.match(nxt) is None
     )
     return not flowing
 
 
-def _trimmed_spans(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[tuple[int, int]]:
+def trimmed_spans(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[tuple[int, int]]:
     """Turn raw cut positions into trimmed, grapheme-safe spans covering ``text[lo:hi]``.
 
     ``lo`` and ``hi`` must be grapheme boundaries and ``cuts`` sorted positions in
@@ -193,18 +193,18 @@ def _trimmed_spans(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[tup
     for raw in (*cuts, hi):
         if raw <= prev:
             continue
-        cut = raw if _is_boundary(text, raw, prev) else _snap_forward(text, raw, prev, hi)
-        s = prev if not text[prev].isspace() else _skip_ws(text, prev, cut)
+        cut = raw if is_boundary(text, raw, prev) else snap_forward(text, raw, prev, hi)
+        s = prev if not text[prev].isspace() else skip_ws(text, prev, cut)
         if s < cut:
             if s > prev:
-                s = _snap_back(text, s, prev)
+                s = snap_back(text, s, prev)
             if not text[cut - 1].isspace():
                 e = cut
             else:
-                last = _LAST_NON_WS.search(text, s, cut)
+                last = LAST_NON_WS.search(text, s, cut)
                 e = cut if last is None else int(last.end())
-                if not _is_boundary(text, e, s):
-                    e = _snap_forward(text, e, s, cut)
+                if not is_boundary(text, e, s):
+                    e = snap_forward(text, e, s, cut)
             spans.append((s, e))
         prev = cut
     return spans
@@ -248,10 +248,10 @@ def sentence_spans(text: str, lo: int = 0, hi: int | None = None) -> list[tuple[
             cuts.append(m.end())
         elif _line_end(text, m.start(), m.end(), lo, hi):
             cuts.append(m.start())
-    return _trimmed_spans(text, cuts, lo, hi)
+    return trimmed_spans(text, cuts, lo, hi)
 
 
-def _pack(
+def pack_spans(
     text: str,
     sentences: Sequence[tuple[int, int]],
     chunk_size: int,
@@ -276,7 +276,7 @@ def _pack(
     while i < n:
         s_i, e_i = sentences[i]
         if e_i - s_i > chunk_size:
-            out.extend(fallback._spans(text, s_i, e_i))
+            out.extend(fallback.spans(text, s_i, e_i))
             i += 1
             carry = -1
             continue
@@ -310,7 +310,7 @@ def _pack(
     return out
 
 
-class SentenceChunker(_SizedChunker):
+class SentenceChunker(SizedChunker):
     """Chunker that packs whole sentences, with whole-sentence overlap.
 
     Sentence ends follow multilingual rules (Latin punctuation with an abbreviation list, CJK
@@ -368,5 +368,7 @@ class SentenceChunker(_SizedChunker):
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        spans = _pack(text, sentence_spans(text), self._chunk_size, self._overlap, self._fallback)
+        spans = pack_spans(
+            text, sentence_spans(text), self._chunk_size, self._overlap, self._fallback
+        )
         return chunks_from_spans(text, spans)

@@ -1,32 +1,43 @@
-"""The vector-store protocol and the values that cross it.
+"""The vector-store protocols and the values that cross them.
 
 A store keeps one *collection* per semantic column. Each chunk of a row is one *point*:
 
 * its id is derived deterministically from ``(collection, primary key, chunk index)``
   (:func:`point_id`), so writing the same row twice overwrites the same points;
-* its payload holds ``table``, ``pk`` (the row's key as a string), ``column``, ``chunk_index``,
-  ``start_offset``, ``end_offset`` and ``total_chunks``, so a hit says which passage matched.
+* it carries two named vectors: ``"dense"`` (the embedding, cosine) and ``"bm25"`` (a sparse
+  keyword vector from :mod:`semantic_orm.keywords`, scored with Qdrant's IDF modifier);
+* its payload is a :class:`PointPayload`: the contract between the writer (the sync), the
+  reader (search), maintenance tools and both adapters. Every key is named here and nowhere
+  else.
 
-Each point carries two named vectors: ``"dense"`` (the embedding, cosine) and ``"bm25"`` (a
-sparse keyword vector from :mod:`semantic_orm.keywords`, scored with Qdrant's IDF modifier).
-:meth:`VectorStore.search` ranks by either, or fuses both rankings with reciprocal rank fusion
-(``mode="hybrid"``): Qdrant runs the two searches as *prefetches* and merges them, each point
-scoring ``sum(1 / (k + rank))`` over the lists it appears in (ranks from 0).
+The two protocols split the hot path from administration:
+
+* :class:`VectorStore` - what syncing and searching need: create or check a collection, upsert
+  and delete points, read a row's points back, and answer a :class:`SearchRequest`;
+* :class:`StoreAdmin` - what tools need: list, describe, count, page through, drop and switch
+  collections.
+
+A search is *planned* by the caller (:mod:`semantic_orm.search`) as a :class:`SearchRequest`: one
+or more :class:`Ranking` lists (a dense or a sparse query vector, a depth, an offset, an
+optional score threshold) under one optional :class:`Filter`. The store only runs the rankings
+and returns each list best first; fusing them is the caller's business, so both adapters behave
+alike. Filters are a small tree of conditions on payload fields, translated by each adapter
+through :func:`translate`.
 
 Collections record what produced their vectors (model name, dimension, chunker settings, library
 version). Opening a collection whose model or dimension differs from the column's configuration
 raises :class:`~semantic_orm.exc.CollectionMismatchError`: mixing vector spaces gives meaningless
 scores, never an error, so we refuse it up front. A collection written by semantic_orm before
-hybrid search (one unnamed dense vector, no ``layout`` in its metadata) is refused the same way:
-drop it and re-index.
+hybrid search (one unnamed dense vector, no ``layout`` in its metadata) is refused the same way.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -37,26 +48,38 @@ __all__ = [
     "COLLECTION_LAYOUT",
     "DEFAULT_BATCH_SIZE",
     "DENSE_VECTOR",
-    "RRF_K",
     "SPARSE_VECTOR",
     "CollectionSpec",
-    "SearchMode",
+    "Condition",
+    "DatetimeRange",
+    "Filter",
+    "FilterBuilder",
+    "IsNull",
+    "Match",
+    "MatchAny",
+    "MatchExcept",
+    "PayloadIndex",
+    "PointPayload",
+    "Range",
+    "Ranking",
+    "SearchRequest",
     "SparseVector",
+    "Store",
+    "StoreAdmin",
     "StoreHit",
     "VectorPoint",
     "VectorStore",
     "check_collection_matches",
     "point_id",
+    "rows_filter",
+    "translate",
 ]
 
 DEFAULT_BATCH_SIZE = 256
-DENSE_VECTOR = "dense"
-SPARSE_VECTOR = "bm25"
+DENSE_VECTOR: Final = "dense"
+SPARSE_VECTOR: Final = "bm25"
 COLLECTION_LAYOUT = "dense+bm25"
 """Recorded as ``layout`` in collection metadata; older collections have none."""
-RRF_K = 60
-"""Reciprocal rank fusion constant (the value of the original RRF paper)."""
-SearchMode = Literal["hybrid", "dense", "keyword"]
 _POINT_NAMESPACE = uuid.UUID("6f1c3c9e-6a52-4b7e-9a1d-5e0d3c2b9a41")
 
 
@@ -65,18 +88,125 @@ def point_id(collection: str, pk: str, chunk_index: int) -> str:
     return str(uuid.uuid5(_POINT_NAMESPACE, f"{collection}\x1f{pk}\x1f{chunk_index}"))
 
 
+# -- the payload ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PointPayload:
+    """What a point says about its chunk, stored as its Qdrant payload.
+
+    The stored keys are the class attributes ``*_KEY``; :meth:`to_dict` writes them and
+    :meth:`from_dict` reads them back from a hit.
+    """
+
+    table: str
+    """The row's table (``schema.table`` when it has a schema)."""
+    column: str
+    """The semantic column's name in the database."""
+    pk: str
+    """The row's key (:func:`semantic_orm.mapping.row_key`)."""
+    chunk_index: int
+    start_offset: int
+    """Where the chunk starts in the row's text (a ``str`` index)."""
+    end_offset: int
+    total_chunks: int
+    chunk_hash: str
+    """Digest of the chunk's text: an unchanged chunk keeps its vector."""
+    config: str
+    """Digest of the model and chunking that produced the vector."""
+    analyzer: str
+    """Version of the keyword analysis that produced the sparse vector."""
+    text_hash: str = ""
+    """Digest of the row's whole text, to compare the index with SQL cheaply."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """The chunker's metadata (section, paragraph...)."""
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    """Values of the row's filter columns, stored for filtered search."""
+
+    TABLE_KEY = "table"
+    COLUMN_KEY = "column"
+    PK_KEY = "pk"
+    CHUNK_INDEX_KEY = "chunk_index"
+    START_KEY = "start_offset"
+    END_KEY = "end_offset"
+    TOTAL_KEY = "total_chunks"
+    CHUNK_HASH_KEY = "hash"
+    CONFIG_KEY = "cfg"
+    ANALYZER_KEY = "kw"
+    TEXT_HASH_KEY = "row"
+    META_KEY = "meta"
+    FIELDS_KEY = "f"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The payload as stored (empty ``meta`` and ``fields`` are omitted)."""
+        out: dict[str, Any] = {
+            self.TABLE_KEY: self.table,
+            self.COLUMN_KEY: self.column,
+            self.PK_KEY: self.pk,
+            self.CHUNK_INDEX_KEY: self.chunk_index,
+            self.START_KEY: self.start_offset,
+            self.END_KEY: self.end_offset,
+            self.TOTAL_KEY: self.total_chunks,
+            self.CHUNK_HASH_KEY: self.chunk_hash,
+            self.CONFIG_KEY: self.config,
+            self.ANALYZER_KEY: self.analyzer,
+            self.TEXT_HASH_KEY: self.text_hash,
+        }
+        if self.meta:
+            out[self.META_KEY] = dict(self.meta)
+        if self.fields:
+            out[self.FIELDS_KEY] = dict(self.fields)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PointPayload:
+        """Read a stored payload (keys a point written by an older version lacks default)."""
+        return cls(
+            table=str(raw.get(cls.TABLE_KEY, "")),
+            column=str(raw.get(cls.COLUMN_KEY, "")),
+            pk=str(raw.get(cls.PK_KEY, "")),
+            chunk_index=int(raw.get(cls.CHUNK_INDEX_KEY, 0)),
+            start_offset=int(raw.get(cls.START_KEY, 0)),
+            end_offset=int(raw.get(cls.END_KEY, 0)),
+            total_chunks=int(raw.get(cls.TOTAL_KEY, 0)),
+            chunk_hash=str(raw.get(cls.CHUNK_HASH_KEY, "")),
+            config=str(raw.get(cls.CONFIG_KEY, "")),
+            analyzer=str(raw.get(cls.ANALYZER_KEY, "")),
+            text_hash=str(raw.get(cls.TEXT_HASH_KEY, "")),
+            meta=dict(raw.get(cls.META_KEY) or {}),
+            fields=dict(raw.get(cls.FIELDS_KEY) or {}),
+        )
+
+    @classmethod
+    def field_key(cls, name: str) -> str:
+        """The payload path of filter column ``name`` (``"f.tenant_id"``)."""
+        return f"{cls.FIELDS_KEY}.{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadIndex:
+    """A payload field to index: ``kind`` is ``keyword``, ``integer``, ``float``, ``bool`` or
+    ``datetime``; ``tenant`` marks the field that partitions the collection by tenant."""
+
+    key: str
+    kind: str
+    tenant: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class CollectionSpec:
     """What a collection must hold: vectors of ``dimension`` from ``model``.
 
     ``metadata`` is recorded with the collection when it is created (chunker settings, library
-    version); only ``model`` and ``dimension`` are checked when it is opened again.
+    version); only ``model`` and ``dimension`` are checked when it is opened again. ``indexes``
+    are the payload fields to index (the row key always is).
     """
 
     name: str
     dimension: int
     model: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    indexes: tuple[PayloadIndex, ...] = ()
 
     def record(self) -> dict[str, Any]:
         """The metadata stored with the collection."""
@@ -86,6 +216,17 @@ class CollectionSpec:
             "dimension": self.dimension,
             "layout": COLLECTION_LAYOUT,
         }
+
+    def payload_indexes(self) -> tuple[PayloadIndex, ...]:
+        """The row key's index, then the declared ones."""
+        return (
+            PayloadIndex(PointPayload.PK_KEY, "keyword"),
+            PayloadIndex(PointPayload.CHUNK_INDEX_KEY, "integer"),
+            *self.indexes,
+        )
+
+
+# -- points and hits --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +252,7 @@ class VectorPoint:
 
 @dataclass(frozen=True, slots=True)
 class StoreHit:
-    """A point returned by a store query: its id, score, payload and (if asked) vector."""
+    """A point returned by a store: its id, score, payload and (if asked) dense vector."""
 
     id: str
     score: float
@@ -119,9 +260,185 @@ class StoreHit:
     vector: npt.NDArray[np.float32] | None = None
 
 
+# -- filters ------------------------------------------------------------------------------------
+
+Scalar: TypeAlias = str | int | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """``key == value``."""
+
+    key: str
+    value: Scalar
+
+
+@dataclass(frozen=True, slots=True)
+class MatchAny:
+    """``key`` is one of ``values``."""
+
+    key: str
+    values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MatchExcept:
+    """``key`` is none of ``values`` (points without the key do not match)."""
+
+    key: str
+    values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A numeric range on ``key``; unset bounds are open."""
+
+    key: str
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatetimeRange:
+    """A datetime range on ``key`` (values stored as ISO 8601 strings)."""
+
+    key: str
+    gt: dt.datetime | None = None
+    gte: dt.datetime | None = None
+    lt: dt.datetime | None = None
+    lte: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IsNull:
+    """``key`` is null or missing."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """All of ``must``, at least one of ``should`` (when given), none of ``must_not``."""
+
+    must: tuple[Condition, ...] = ()
+    should: tuple[Condition, ...] = ()
+    must_not: tuple[Condition, ...] = ()
+
+
+Condition: TypeAlias = Match | MatchAny | MatchExcept | Range | DatetimeRange | IsNull | Filter
+
+
+class FilterBuilder(Protocol):
+    """An adapter's constructors for its native filter objects (see :func:`translate`)."""
+
+    def match(self, key: str, value: Scalar) -> Any:
+        """``key == value``."""
+        ...
+
+    def match_any(self, key: str, values: list[Any]) -> Any:
+        """``key`` in ``values``."""
+        ...
+
+    def match_except(self, key: str, values: list[Any]) -> Any:
+        """``key`` not in ``values``."""
+        ...
+
+    def range(self, key: str, bounds: dict[str, float]) -> Any:
+        """A numeric range; ``bounds`` holds ``gt``/``gte``/``lt``/``lte``."""
+        ...
+
+    def datetime_range(self, key: str, bounds: dict[str, str]) -> Any:
+        """A datetime range; ``bounds`` values are ISO 8601 strings."""
+        ...
+
+    def is_null(self, key: str) -> Any:
+        """``key`` is null or missing."""
+        ...
+
+    def filter(self, must: list[Any], should: list[Any], must_not: list[Any]) -> Any:
+        """A boolean combination."""
+        ...
+
+
+def _bounds(cond: Range | DatetimeRange) -> dict[str, Any]:
+    return {
+        name: value
+        for name in ("gt", "gte", "lt", "lte")
+        if (value := getattr(cond, name)) is not None
+    }
+
+
+def translate(cond: Condition, builder: FilterBuilder) -> Any:
+    """Build an adapter's native filter for ``cond`` with ``builder``'s constructors."""
+    if isinstance(cond, Filter):
+        return builder.filter(
+            [translate(c, builder) for c in cond.must],
+            [translate(c, builder) for c in cond.should],
+            [translate(c, builder) for c in cond.must_not],
+        )
+    if isinstance(cond, Match):
+        return builder.match(cond.key, cond.value)
+    if isinstance(cond, MatchAny):
+        return builder.match_any(cond.key, list(cond.values))
+    if isinstance(cond, MatchExcept):
+        return builder.match_except(cond.key, list(cond.values))
+    if isinstance(cond, Range):
+        return builder.range(cond.key, _bounds(cond))
+    if isinstance(cond, DatetimeRange):
+        return builder.datetime_range(
+            cond.key, {k: v.isoformat() for k, v in _bounds(cond).items()}
+        )
+    if isinstance(cond, IsNull):
+        return builder.is_null(cond.key)
+    raise TypeError(f"not a filter condition: {cond!r}")
+
+
+def rows_filter(rows: Sequence[tuple[str, int]]) -> Filter:
+    """Points of rows ``(pk, from_index)`` whose chunk index is at least ``from_index``."""
+    pk, index = PointPayload.PK_KEY, PointPayload.CHUNK_INDEX_KEY
+    whole = tuple(key for key, start in rows if start <= 0)
+    should: list[Condition] = [MatchAny(pk, whole)] if whole else []
+    should.extend(
+        Filter(must=(Match(pk, key), Range(index, gte=start))) for key, start in rows if start > 0
+    )
+    return Filter(should=tuple(should))
+
+
+# -- the query plan -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """One ranked list for a store to return: the best ``limit`` points after ``offset``.
+
+    ``using`` is :data:`DENSE_VECTOR` (``vector`` is the query embedding, scores are cosines)
+    or :data:`SPARSE_VECTOR` (``vector`` is a :class:`SparseVector`, scores are BM25). Points
+    scoring below ``threshold`` are left out.
+    """
+
+    using: Literal["dense", "bm25"]
+    vector: npt.NDArray[np.float32] | SparseVector
+    limit: int
+    offset: int = 0
+    threshold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    """What a search asks a store for: each ranking, under the same optional filter."""
+
+    rankings: tuple[Ranking, ...]
+    filter: Filter | None = None
+
+
+# -- the protocols ------------------------------------------------------------------------------
+
+
 @runtime_checkable
 class VectorStore(Protocol):
-    """What semantic_orm needs from a vector database."""
+    """The hot path: what syncing and searching need from a vector database."""
 
     def ensure_collection(self, spec: CollectionSpec) -> None:
         """Create the collection if missing; refuse one built by another model or dimension."""
@@ -139,40 +456,21 @@ class VectorStore(Protocol):
         """
         ...
 
-    def search(
-        self,
-        collection: str,
-        vector: npt.NDArray[np.float32] | None,
-        limit: int,
-        *,
-        sparse: SparseVector | None = None,
-        mode: SearchMode = "dense",
-        score_threshold: float | None = None,
-    ) -> list[StoreHit]:
-        """The ``limit`` best points, best first.
-
-        ``mode="dense"`` ranks by cosine to ``vector``; ``"keyword"`` by BM25 score against
-        ``sparse``; ``"hybrid"`` fuses both rankings (RRF, scores ``sum(1 / (RRF_K + rank))``).
-        ``score_threshold`` bounds the cosine in dense and hybrid mode (in hybrid mode it filters
-        the dense candidates before fusion) and the BM25 score in keyword mode.
-        """
-        ...
-
-    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
-        """Every point of the collection, or of one row; score is 0. For tests and tools."""
-        ...
-
     def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
         """The points of rows ``pks``, with payloads and vectors (for incremental updates)."""
         ...
 
-    def count(self, collection: str) -> int:
-        """Number of points in the collection (0 if it does not exist)."""
+    def query(self, collection: str, request: SearchRequest) -> list[list[StoreHit]]:
+        """Each of the request's rankings, best first (empty lists for a missing collection).
+
+        Ties keep the store's order; callers that need a total order sort by payload.
+        """
         ...
 
-    def drop_collection(self, collection: str) -> None:
-        """Delete the collection and its points, if it exists."""
-        ...
+
+@runtime_checkable
+class StoreAdmin(Protocol):
+    """Administration: what maintenance tools need from a vector database."""
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
         """The metadata recorded when the collection was created; ``None`` if it is missing."""
@@ -180,6 +478,31 @@ class VectorStore(Protocol):
 
     def list_collections(self) -> list[str]:
         """Names of the collections (as searched: aliases rather than what they point to)."""
+        ...
+
+    def count(self, collection: str) -> int:
+        """Number of points in the collection (0 if it does not exist)."""
+        ...
+
+    def scroll(
+        self,
+        collection: str,
+        *,
+        offset: Any = None,
+        limit: int = 1000,
+        vectors: bool = False,
+        where: Filter | None = None,
+    ) -> tuple[list[StoreHit], Any]:
+        """One page of points (matching ``where``) in id order, and the next page's offset
+        (``None`` after the last page)."""
+        ...
+
+    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
+        """Every point of the collection, or of one row; score is 0. For tests and tools."""
+        ...
+
+    def drop_collection(self, collection: str) -> None:
+        """Delete the collection and its points, if it exists."""
         ...
 
     def replace_collection(self, collection: str, source: str) -> None:
@@ -195,6 +518,11 @@ class VectorStore(Protocol):
     def close(self) -> None:
         """Release connections and files."""
         ...
+
+
+@runtime_checkable
+class Store(VectorStore, StoreAdmin, Protocol):
+    """A complete store: the hot path and administration (what an index is given)."""
 
 
 def check_collection_matches(

@@ -8,35 +8,33 @@ one index::
     store = QdrantClientStore(client=my_configured_client)  # any QdrantClient
 
 Each collection has a named cosine vector ``"dense"`` and a named sparse vector ``"bm25"`` with
-Qdrant's IDF modifier; hybrid queries are prefetch + RRF fusion queries. What produced the
-vectors is recorded in the collection's metadata (Qdrant 1.16+); for an older server, a
-collection without metadata is checked on dimension and vector layout alone. A keyword payload
-index on ``pk`` keeps per-row deletes fast.
+Qdrant's IDF modifier. What produced the vectors is recorded in the collection's metadata
+(Qdrant 1.16+); for an older server, a collection without metadata is checked on dimension and
+vector layout alone. Payload indexes on the row key, the chunk index and the declared filter
+columns keep per-row deletes and filtered searches fast; a tenant column is indexed as a tenant.
+A search's rankings go to the server in one batch request.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
+from ..exc import ConfigurationError, VectorStoreError, import_optional
 from .base import (
     COLLECTION_LAYOUT,
     DEFAULT_BATCH_SIZE,
     DENSE_VECTOR,
-    RRF_K,
     SPARSE_VECTOR,
     CollectionSpec,
-    SearchMode,
+    PayloadIndex,
+    Ranking,
     SparseVector,
-    StoreHit,
-    VectorPoint,
     check_collection_matches,
 )
+from .qdrant import QdrantStore
 
 __all__ = ["INITIAL_SUFFIX", "QdrantClientStore"]
 
@@ -45,16 +43,67 @@ INITIAL_SUFFIX = "__initial"
 
 
 def _qc() -> Any:
-    try:
-        import qdrant_client
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            "QdrantClientStore needs qdrant-client: pip install 'semantic-orm[client]'"
-        ) from exc
-    return qdrant_client
+    return import_optional(
+        "qdrant_client", "QdrantClientStore needs qdrant-client: pip install 'semantic-orm[client]'"
+    )
 
 
-class QdrantClientStore:
+class _ClientFilters:
+    """qdrant-client's filter models (see :class:`~semantic_orm.stores.base.FilterBuilder`)."""
+
+    def match(self, key: str, value: Any) -> Any:
+        m = _qc().models
+        return m.FieldCondition(key=key, match=m.MatchValue(value=value))
+
+    def match_any(self, key: str, values: list[Any]) -> Any:
+        m = _qc().models
+        return m.FieldCondition(key=key, match=m.MatchAny(any=values))
+
+    def match_except(self, key: str, values: list[Any]) -> Any:
+        m = _qc().models
+        return m.FieldCondition(key=key, match=m.MatchExcept(**{"except": values}))
+
+    def range(self, key: str, bounds: dict[str, float]) -> Any:
+        m = _qc().models
+        return m.FieldCondition(key=key, range=m.Range(**bounds))
+
+    def datetime_range(self, key: str, bounds: dict[str, str]) -> Any:
+        m = _qc().models
+        return m.FieldCondition(key=key, range=m.DatetimeRange(**bounds))
+
+    def is_null(self, key: str) -> Any:
+        m = _qc().models
+        return m.Filter(
+            should=[
+                m.IsNullCondition(is_null=m.PayloadField(key=key)),
+                m.IsEmptyCondition(is_empty=m.PayloadField(key=key)),
+            ]
+        )
+
+    def filter(self, must: list[Any], should: list[Any], must_not: list[Any]) -> Any:
+        return _qc().models.Filter(
+            must=must or None, should=should or None, must_not=must_not or None
+        )
+
+
+def _index_schema(index: PayloadIndex) -> Any:
+    m = _qc().models
+    if index.kind == "keyword" and index.tenant:
+        return m.KeywordIndexParams(type=m.KeywordIndexType.KEYWORD, is_tenant=True)
+    if index.kind == "integer" and index.tenant:
+        return m.IntegerIndexParams(
+            type=m.IntegerIndexType.INTEGER, lookup=True, range=True, is_principal=True
+        )
+    return {
+        "keyword": m.PayloadSchemaType.KEYWORD,
+        "integer": m.PayloadSchemaType.INTEGER,
+        "float": m.PayloadSchemaType.FLOAT,
+        "bool": m.PayloadSchemaType.BOOL,
+        "datetime": m.PayloadSchemaType.DATETIME,
+    }[index.kind]
+
+
+class QdrantClientStore(QdrantStore):
     """Vector store on a Qdrant server (by URL) or in qdrant-client's local mode.
 
     Args:
@@ -66,6 +115,8 @@ class QdrantClientStore:
         batch_size: Points per upsert request.
         **client_kwargs: Passed to ``QdrantClient`` (``api_key``, ``timeout``, ``prefer_grpc``...).
     """
+
+    builder = _ClientFilters()
 
     def __init__(
         self,
@@ -105,17 +156,17 @@ class QdrantClientStore:
         self.batch_size = batch_size
         self._known: set[str] = set()
         self._where = url or location or path or "client"
+        # qdrant-client's local mode is not thread-safe (a server is): serialize its calls
+        local = path is not None or (location is not None and "://" not in location)
+        local = local or type(getattr(client, "_client", None)).__name__ == "QdrantLocal"
+        self._serial: Any = threading.RLock() if local else contextlib.nullcontext()
 
     def __repr__(self) -> str:
         return f"QdrantClientStore({self._where!r})"
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigurationError, MissingDependencyError):
-            raise
-        except Exception as exc:
-            raise VectorStoreError(f"Qdrant {what} failed on {self!r}: {exc}") from exc
+    def _call(self, what: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        with self._serial:
+            return self._guard(what, getattr(self.client, name), *args, **kwargs)
 
     # -- collections --------------------------------------------------------------------------
 
@@ -124,11 +175,11 @@ class QdrantClientStore:
         if spec.name in self._known:
             return
         models = _qc().models
-        if not self._exists(spec.name):
+        if not self._has(spec.name):
             # a collection behind an alias of the searched name, so that a rebuild can later
             # switch the alias atomically (replace_collection)
             physical = spec.name + INITIAL_SUFFIX
-            if self._call("collection_exists", self.client.collection_exists, physical):
+            if self._call("collection_exists", "collection_exists", physical):
                 # another process created it and is about to add the alias (or stopped short of
                 # it): keep it, points and all, and add the alias if still missing
                 self._alias(spec.name, physical)
@@ -136,7 +187,7 @@ class QdrantClientStore:
                 return
             self._call(
                 "create_collection",
-                self.client.create_collection,
+                "create_collection",
                 physical,
                 vectors_config={
                     DENSE_VECTOR: models.VectorParams(
@@ -151,16 +202,17 @@ class QdrantClientStore:
             with warnings.catch_warnings():
                 # local mode warns that payload indexes are no-ops there; servers use them
                 warnings.simplefilter("ignore")
-                self._call(
-                    "create_payload_index",
-                    self.client.create_payload_index,
-                    physical,
-                    field_name="pk",
-                    field_schema=models.PayloadSchemaType.KEYWORD,
-                )
+                for index in spec.payload_indexes():
+                    self._call(
+                        "create_payload_index",
+                        "create_payload_index",
+                        physical,
+                        field_name=index.key,
+                        field_schema=_index_schema(index),
+                    )
             self._alias(spec.name, physical)
         else:
-            info = self._call("get_collection", self.client.get_collection, spec.name)
+            info = self._call("get_collection", "get_collection", spec.name)
             vectors = info.config.params.vectors
             sparse = info.config.params.sparse_vectors or {}
             layout = None
@@ -176,9 +228,9 @@ class QdrantClientStore:
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
         """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
-        if not self._exists(collection):
+        if not self._has(collection):
             return None
-        info = self._call("get_collection", self.client.get_collection, collection)
+        info = self._call("get_collection", "get_collection", collection)
         return dict(getattr(info.config, "metadata", None) or {})
 
     def drop_collection(self, collection: str) -> None:
@@ -186,49 +238,48 @@ class QdrantClientStore:
         self._known.discard(collection)
         target = self._aliases().get(collection)
         if target is not None:
-            models = _qc().models
-            self._call(
-                "update_collection_aliases",
-                self.client.update_collection_aliases,
-                change_aliases_operations=[
-                    models.DeleteAliasOperation(
-                        delete_alias=models.DeleteAlias(alias_name=collection)
-                    )
-                ],
-            )
+            self._alias_changes([self._delete_alias(collection)])
             collection = target
-        if self._call("collection_exists", self.client.collection_exists, collection):
-            self._call("delete_collection", self.client.delete_collection, collection)
+        if self._call("collection_exists", "collection_exists", collection):
+            self._call("delete_collection", "delete_collection", collection)
+
+    @staticmethod
+    def _delete_alias(alias: str) -> Any:
+        models = _qc().models
+        return models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))
+
+    @staticmethod
+    def _create_alias(alias: str, collection: str) -> Any:
+        models = _qc().models
+        return models.CreateAliasOperation(
+            create_alias=models.CreateAlias(collection_name=collection, alias_name=alias)
+        )
+
+    def _alias_changes(self, changes: list[Any]) -> None:
+        self._call(
+            "update_collection_aliases",
+            "update_collection_aliases",
+            change_aliases_operations=changes,
+        )
 
     def _alias(self, alias: str, collection: str) -> None:
         """Create ``alias`` for ``collection`` unless some process already did."""
-        models = _qc().models
         if self._aliases().get(alias) == collection:
             return
         try:
-            self.client.update_collection_aliases(
-                change_aliases_operations=[
-                    models.CreateAliasOperation(
-                        create_alias=models.CreateAlias(
-                            collection_name=collection, alias_name=alias
-                        )
-                    )
-                ]
-            )
-        except Exception as exc:
+            self._alias_changes([self._create_alias(alias, collection)])
+        except VectorStoreError:
             if self._aliases().get(alias) != collection:  # not a lost race: a real failure
-                raise VectorStoreError(
-                    f"Qdrant update_collection_aliases failed on {self!r}: {exc}"
-                ) from exc
+                raise
 
     def _aliases(self) -> dict[str, str]:
-        response = self._call("get_aliases", self.client.get_aliases)
+        response = self._call("get_aliases", "get_aliases")
         return {a.alias_name: a.collection_name for a in response.aliases}
 
     def list_collections(self) -> list[str]:
         """Aliases, and the collections no alias points to."""
         aliases = self._aliases()
-        response = self._call("get_collections", self.client.get_collections)
+        response = self._call("get_collections", "get_collections")
         behind = set(aliases.values())
         names = {c.name for c in response.collections if c.name not in behind}
         return sorted(names | set(aliases))
@@ -241,10 +292,10 @@ class QdrantClientStore:
         alias (made by hand, or by another tool) is deleted just before the alias is created:
         searches in that instant find it missing.
         """
-        models = _qc().models
-        if not self._exists(source):
+        if not self._has(source):
             raise VectorStoreError(
-                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist"
+                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist",
+                transient=False,
             )
         aliases = self._aliases()
         old = aliases.get(collection)
@@ -252,177 +303,72 @@ class QdrantClientStore:
         self._known.discard(source)
         target = aliases.get(source)
         if target is not None:  # the rebuild is itself an alias: point at what it names
-            changes.append(
-                models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=source))
-            )
+            changes.append(self._delete_alias(source))
             source = target
         if old is not None:
-            changes.append(
-                models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=collection))
-            )
-        elif self._call("collection_exists", self.client.collection_exists, collection):
-            self._call("delete_collection", self.client.delete_collection, collection)
-        changes.append(
-            models.CreateAliasOperation(
-                create_alias=models.CreateAlias(collection_name=source, alias_name=collection)
-            )
-        )
-        self._call(
-            "update_collection_aliases",
-            self.client.update_collection_aliases,
-            change_aliases_operations=changes,
-        )
+            changes.append(self._delete_alias(collection))
+        elif self._call("collection_exists", "collection_exists", collection):
+            self._call("delete_collection", "delete_collection", collection)
+        changes.append(self._create_alias(collection, source))
+        self._alias_changes(changes)
         if old is not None and old != source:
-            self._call("delete_collection", self.client.delete_collection, old)
+            self._call("delete_collection", "delete_collection", old)
 
-    # -- points -------------------------------------------------------------------------------
+    # -- primitives of the shared point operations -----------------------------------------------
 
-    def upsert(self, collection: str, points: Sequence[VectorPoint]) -> None:
-        """Insert or overwrite ``points`` in batches of ``batch_size``."""
-        models = _qc().models
-        for start in range(0, len(points), self.batch_size):
-            batch = []
-            for p in points[start : start + self.batch_size]:
-                vectors: dict[str, Any] = {DENSE_VECTOR: p.vector.tolist()}
-                if p.sparse:
-                    vectors[SPARSE_VECTOR] = models.SparseVector(
-                        indices=list(p.sparse.indices), values=list(p.sparse.values)
-                    )
-                batch.append(models.PointStruct(id=p.id, vector=vectors, payload=dict(p.payload)))
-            self._call("upsert", self.client.upsert, collection, points=batch, wait=True)
-
-    def _row_filter(self, pk: str, from_index: int = 0) -> Any:
-        models = _qc().models
-        must: list[Any] = [models.FieldCondition(key="pk", match=models.MatchValue(value=pk))]
-        if from_index > 0:
-            must.append(
-                models.FieldCondition(key="chunk_index", range=models.Range(gte=from_index))
-            )
-        return models.Filter(must=must)
-
-    def delete_rows(self, collection: str, rows: Sequence[tuple[str, int]]) -> None:
-        """Delete each row's points with ``chunk_index >= from_index``, in batched filters."""
-        models = _qc().models
-        if not rows or not self._exists(collection):
-            return
-        for start in range(0, len(rows), self.batch_size):
-            batch = rows[start : start + self.batch_size]
-            selector = models.FilterSelector(
-                filter=models.Filter(should=[self._row_filter(pk, n) for pk, n in batch])
-            )
-            self._call(
-                "delete", self.client.delete, collection, points_selector=selector, wait=True
-            )
-
-    def _exists(self, collection: str) -> bool:
+    def _has(self, collection: str) -> bool:
         if collection in self._known:
             return True
-        if self._call("collection_exists", self.client.collection_exists, collection):
+        if self._call("collection_exists", "collection_exists", collection):
             return True
         return collection in self._aliases()
 
-    def search(
-        self,
-        collection: str,
-        vector: npt.NDArray[np.float32] | None,
-        limit: int,
-        *,
-        sparse: SparseVector | None = None,
-        mode: SearchMode = "dense",
-        score_threshold: float | None = None,
-    ) -> list[StoreHit]:
-        """The ``limit`` best points for ``mode``, best first (empty if the collection is new).
+    def _sparse(self, vector: SparseVector) -> Any:
+        return _qc().models.SparseVector(indices=list(vector.indices), values=list(vector.values))
 
-        See :meth:`~semantic_orm.stores.base.VectorStore.search` for the modes.
-        """
-        if limit <= 0 or not self._exists(collection):
-            return []
-        models = _qc().models
-        dense = None if vector is None else vector.tolist()
-        keyword = None
-        if sparse:
-            keyword = models.SparseVector(indices=list(sparse.indices), values=list(sparse.values))
-        query: Any
-        prefetch: Any = None
-        using: str | None = None
-        threshold = score_threshold
-        if mode == "keyword" or (mode == "hybrid" and dense is None):
-            if keyword is None:
-                return []
-            query, using = keyword, SPARSE_VECTOR
-        elif mode == "hybrid" and keyword is not None:
-            prefetch = [
-                models.Prefetch(
-                    query=dense, using=DENSE_VECTOR, limit=limit, score_threshold=score_threshold
-                ),
-                models.Prefetch(query=keyword, using=SPARSE_VECTOR, limit=limit),
-            ]
-            query, threshold = models.RrfQuery(rrf=models.Rrf(k=RRF_K)), None
-        else:
-            if dense is None:
-                raise ConfigurationError(f"{mode} search needs a dense query vector")
-            query, using = dense, DENSE_VECTOR
-        response = self._call(
-            "query_points",
-            self.client.query_points,
+    def _point(self, pid: str, vectors: dict[str, Any], payload: dict[str, Any]) -> Any:
+        return _qc().models.PointStruct(id=pid, vector=vectors, payload=payload)
+
+    def _write(self, collection: str, points: list[Any]) -> None:
+        self._call("upsert", "upsert", collection, points=points, wait=True)
+
+    def _delete_where(self, collection: str, flt: Any) -> None:
+        selector = _qc().models.FilterSelector(filter=flt)
+        self._call("delete", "delete", collection, points_selector=selector, wait=True)
+
+    def _scroll_page(
+        self, collection: str, flt: Any, offset: Any, limit: int, vectors: bool
+    ) -> tuple[list[Any], Any]:
+        records, after = self._call(
+            "scroll",
+            "scroll",
             collection,
-            query=query,
-            using=using,
-            prefetch=prefetch,
+            scroll_filter=flt,
             limit=limit,
+            offset=offset,
             with_payload=True,
-            score_threshold=threshold,
+            with_vectors=[DENSE_VECTOR] if vectors else False,
         )
-        return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in response.points]
+        return list(records), after
 
-    def _scroll(self, collection: str, flt: Any, vectors: bool) -> list[StoreHit]:
-        if not self._exists(collection):
-            return []
-        out: list[StoreHit] = []
-        offset: Any = None
-        while True:
-            records, offset = self._call(
-                "scroll",
-                self.client.scroll,
-                collection,
-                scroll_filter=flt,
-                limit=1000,
-                offset=offset,
-                with_payload=True,
-                with_vectors=vectors,
-            )
-            for r in records:
-                vector = None
-                if vectors and r.vector is not None:
-                    raw = r.vector.get(DENSE_VECTOR) if isinstance(r.vector, dict) else r.vector
-                    vector = np.asarray(raw, dtype=np.float32)
-                out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
-            if offset is None:
-                return out
+    def _request(self, ranking: Ranking, vector: Any, flt: Any) -> Any:
+        return _qc().models.QueryRequest(
+            query=vector,
+            using=ranking.using,
+            limit=ranking.limit,
+            offset=ranking.offset or None,
+            filter=flt,
+            score_threshold=ranking.threshold,
+            with_payload=True,
+        )
 
-    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
-        """Every point of the collection (or of one row), with payloads."""
-        return self._scroll(collection, None if pk is None else self._row_filter(pk), False)
+    def _query_batch(self, collection: str, requests: list[Any]) -> list[list[Any]]:
+        responses = self._call("query_batch_points", "query_batch_points", collection, requests)
+        return [list(response.points) for response in responses]
 
-    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
-        """The points of rows ``pks``, with payloads and vectors."""
-        models = _qc().models
-        out: list[StoreHit] = []
-        for start in range(0, len(pks), 1000):
-            batch = list(pks[start : start + 1000])
-            flt = models.Filter(
-                must=[models.FieldCondition(key="pk", match=models.MatchAny(any=batch))]
-            )
-            out.extend(self._scroll(collection, flt, vectors=True))
-        return out
-
-    def count(self, collection: str) -> int:
-        """Points in the collection (0 if it does not exist)."""
-        if not self._exists(collection):
-            return 0
-        result = self._call("count", self.client.count, collection, exact=True)
-        return int(result.count)
+    def _count(self, collection: str) -> int:
+        return int(self._call("count", "count", collection, exact=True).count)
 
     def close(self) -> None:
         """Close the client's connections."""
-        self._call("close", self.client.close)
+        self._call("close", "close")

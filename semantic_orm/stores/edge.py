@@ -7,11 +7,14 @@ produced the vectors::
     vectors/
         knowledge_article__content/
             semantic_orm.json      {"model": ..., "dimension": 384, "chunker": {...}, ...}
+            semantic_orm.owner     the process holding the shard (pid, host, command)
             shard/                 Qdrant Edge segments and write-ahead log
 
 A shard can be opened by one process at a time (its write-ahead log is locked). Within a process,
 every ``EdgeStore`` on the same directory shares one open shard, so two stores or two threads do
-not fight over the lock. Run background workers in the same process, or use a Qdrant server
+not fight over the lock. A second process gets one clear :class:`VectorStoreError` naming the
+directory, the process holding it and the two ways out: run one process with Edge (workers as
+threads, :class:`~semantic_orm.worker.Worker`), or use a Qdrant server
 (:class:`~semantic_orm.stores.client.QdrantClientStore`) when several processes must write.
 """
 
@@ -24,33 +27,30 @@ import json
 import os
 import re
 import shutil
+import socket
+import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
-from .base import (
-    DEFAULT_BATCH_SIZE,
-    DENSE_VECTOR,
-    RRF_K,
-    SPARSE_VECTOR,
-    CollectionSpec,
-    SearchMode,
-    SparseVector,
-    StoreHit,
-    VectorPoint,
-    check_collection_matches,
-)
+from ..exc import ConfigurationError, VectorStoreError, import_optional
+from . import base
+from .base import CollectionSpec, PayloadIndex, Ranking, SparseVector
+from .qdrant import QdrantStore, store_error
 
 __all__ = ["EdgeStore"]
 
 _META_FILE = "semantic_orm.json"
+_OWNER_FILE = "semantic_orm.owner"
 _SHARD_DIR = "shard"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def _qe() -> Any:
+    return import_optional(
+        "qdrant_edge",
+        "EdgeStore needs Qdrant Edge: pip install 'semantic-orm[edge]' (qdrant-edge-py)",
+    )
 
 
 def _parked(cdir: Path) -> Path:
@@ -78,6 +78,31 @@ def _exchange(a: Path, b: Path) -> None:
     parked.rename(a)
 
 
+def _owner_line() -> str:
+    command = " ".join(sys.argv)[:200] or sys.executable
+    return f"pid {os.getpid()} on {socket.gethostname()} ({command})"
+
+
+def _holder(cdir: Path) -> str:
+    """Who holds the shard in ``cdir``, as recorded by the process that opened it."""
+    try:
+        return (cdir / _OWNER_FILE).read_text("utf-8").strip() or "another process"
+    except OSError:
+        return "another process"
+
+
+def _held_error(collection: str, cdir: Path, exc: BaseException) -> VectorStoreError:
+    return VectorStoreError(
+        f"Qdrant Edge collection {collection!r} at {cdir} is open in {_holder(cdir)}: a Qdrant "
+        "Edge directory belongs to one process. Either run one process with EdgeStore (a web "
+        "server with one worker process, background syncing as a thread: "
+        "semantic_orm.Worker(index, engine).start()), or let several processes share a Qdrant "
+        "server: SemanticIndex(store=QdrantClientStore(url='http://qdrant:6333')). "
+        f"({exc})",
+        transient=True,
+    )
+
+
 def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenShard:
     """(Re)load the shard in ``cdir`` into ``opened`` (or a new registry entry); registry locked.
 
@@ -91,10 +116,12 @@ def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenS
         if opened is not None:
             opened.closed = True
             _registry.pop(key, None)
+        if "WouldBlock" in str(exc) or "lock" in str(exc).lower():
+            raise _held_error(collection, cdir, exc) from exc
         raise VectorStoreError(
-            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc} "
-            "(is another process using it?)"
+            f"cannot open Qdrant Edge collection {collection!r} at {cdir}: {exc}"
         ) from exc
+    _claim_owner(cdir)
     if opened is None:
         opened = _registry[key] = _OpenShard(shard, int(meta["dimension"]), meta)
     else:
@@ -102,14 +129,9 @@ def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenS
     return opened
 
 
-def _qe() -> Any:
-    try:
-        import qdrant_edge
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            "EdgeStore needs Qdrant Edge: pip install 'semantic-orm[edge]' (qdrant-edge-py)"
-        ) from exc
-    return qdrant_edge
+def _claim_owner(cdir: Path) -> None:
+    with contextlib.suppress(OSError):
+        (cdir / _OWNER_FILE).write_text(_owner_line(), "utf-8")
 
 
 class _OpenShard:
@@ -128,7 +150,62 @@ _registry: dict[str, _OpenShard] = {}
 _registry_lock = threading.Lock()
 
 
-class EdgeStore:
+def _close(opened: _OpenShard | None) -> None:
+    """Close a shard taken out of the registry (its users see it closed and reopen)."""
+    if opened is not None:
+        with opened.lock:
+            opened.shard.close()
+            opened.closed = True
+
+
+class _EdgeFilters:
+    """Qdrant Edge's filter constructors (see :class:`~semantic_orm.stores.base.FilterBuilder`)."""
+
+    def match(self, key: str, value: Any) -> Any:
+        qe = _qe()
+        return qe.FieldCondition(key=key, match=qe.MatchValue(value))
+
+    def match_any(self, key: str, values: list[Any]) -> Any:
+        qe = _qe()
+        return qe.FieldCondition(key=key, match=qe.MatchAny(values))
+
+    def match_except(self, key: str, values: list[Any]) -> Any:
+        qe = _qe()
+        return qe.FieldCondition(key=key, match=qe.MatchExcept(values))
+
+    def range(self, key: str, bounds: dict[str, float]) -> Any:
+        qe = _qe()
+        return qe.FieldCondition(key=key, range=qe.RangeFloat(**bounds))
+
+    def datetime_range(self, key: str, bounds: dict[str, str]) -> Any:
+        qe = _qe()
+        return qe.FieldCondition(key=key, range=qe.RangeDateTime(**bounds))
+
+    def is_null(self, key: str) -> Any:
+        qe = _qe()
+        return qe.Filter(should=[qe.IsNullCondition(key), qe.IsEmptyCondition(key)])
+
+    def filter(self, must: list[Any], should: list[Any], must_not: list[Any]) -> Any:
+        return _qe().Filter(must=must or None, should=should or None, must_not=must_not or None)
+
+
+def _index_schema(index: PayloadIndex) -> Any:
+    qe = _qe()
+    if index.kind == "keyword":
+        return (
+            qe.KeywordIndexParams(is_tenant=True) if index.tenant else qe.PayloadSchemaType.Keyword
+        )
+    if index.kind == "integer":
+        return qe.IntegerIndexParams(lookup=True, range=True, is_principal=index.tenant or None)
+    schema = {
+        "float": "Float",
+        "bool": "Bool",
+        "datetime": "Datetime",
+    }[index.kind]
+    return getattr(qe.PayloadSchemaType, schema)
+
+
+class EdgeStore(QdrantStore):
     """Vector store backed by Qdrant Edge shards under ``path`` (one per collection).
 
     Args:
@@ -136,7 +213,9 @@ class EdgeStore:
         batch_size: Points per upsert call.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE):
+    builder = _EdgeFilters()
+
+    def __init__(self, path: str | os.PathLike[str], *, batch_size: int = base.DEFAULT_BATCH_SIZE):
         if batch_size <= 0:
             raise ConfigurationError(f"EdgeStore batch_size must be > 0, got {batch_size}")
         self.path = Path(path).resolve()
@@ -160,66 +239,67 @@ class EdgeStore:
     def _open(self, collection: str, spec: CollectionSpec | None = None) -> _OpenShard | None:
         """The open shard for ``collection``, created from ``spec`` when missing."""
         if self._closed:
-            raise VectorStoreError(f"{self!r} is closed")
+            raise VectorStoreError(f"{self!r} is closed", transient=False)
         with self._lock:
             opened = self._mine.get(collection)
             if opened is not None and not opened.closed:
                 return opened
         cdir = self._dir(collection)
         key = str(cdir)
-        qe = _qe()
         with _registry_lock:
             opened = _registry.get(key)
             if opened is None:
-                meta_file = cdir / _META_FILE
                 parked = _parked(cdir)
                 if not cdir.exists() and (parked / _META_FILE).exists():
                     parked.rename(cdir)  # a non-atomic swap stopped half-way: put it back
-                if meta_file.exists():
+                if (cdir / _META_FILE).exists():
                     opened = _load_into(None, collection, cdir)
                 elif spec is None:
                     return None
                 else:
-                    cdir.mkdir(parents=True, exist_ok=True)
-                    shard_dir = cdir / _SHARD_DIR
-                    if shard_dir.exists():  # left by a creation that crashed before its metadata
-                        shutil.rmtree(shard_dir)
-                    config = qe.EdgeConfig(
-                        vectors={
-                            DENSE_VECTOR: qe.EdgeVectorParams(
-                                size=spec.dimension, distance=qe.Distance.Cosine
-                            )
-                        },
-                        sparse_vectors={
-                            SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
-                        },
-                    )
-                    try:
-                        shard = qe.EdgeShard.create(str(shard_dir), config)
-                        shard.update(
-                            qe.UpdateOperation.create_field_index(
-                                "pk", qe.PayloadSchemaType.Keyword
-                            )
-                        )
-                    except Exception as exc:
-                        raise VectorStoreError(
-                            f"cannot create Qdrant Edge collection {collection!r} at {cdir}: {exc}"
-                        ) from exc
-                    meta = spec.record()
-                    tmp = cdir / (_META_FILE + ".tmp")
-                    tmp.write_text(json.dumps(meta, sort_keys=True), "utf-8")
-                    tmp.replace(cdir / _META_FILE)  # atomic: metadata marks a finished collection
-                    opened = _registry[key] = _OpenShard(shard, spec.dimension, meta)
+                    opened = _registry[key] = self._create(collection, cdir, spec)
             opened.users += 1
         with self._lock:
             self._mine[collection] = opened
         return opened
 
+    def _create(self, collection: str, cdir: Path, spec: CollectionSpec) -> _OpenShard:
+        """Create the shard for ``spec`` in ``cdir`` (registry locked)."""
+        qe = _qe()
+        cdir.mkdir(parents=True, exist_ok=True)
+        shard_dir = cdir / _SHARD_DIR
+        if shard_dir.exists():  # left by a creation that crashed before its metadata
+            shutil.rmtree(shard_dir)
+        config = qe.EdgeConfig(
+            vectors={
+                base.DENSE_VECTOR: qe.EdgeVectorParams(
+                    size=spec.dimension, distance=qe.Distance.Cosine
+                )
+            },
+            sparse_vectors={
+                base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+            },
+        )
+        try:
+            shard = qe.EdgeShard.create(str(shard_dir), config)
+            for index in spec.payload_indexes():
+                shard.update(qe.UpdateOperation.create_field_index(index.key, _index_schema(index)))
+        except Exception as exc:
+            raise VectorStoreError(
+                f"cannot create Qdrant Edge collection {collection!r} at {cdir}: {exc}"
+            ) from exc
+        _claim_owner(cdir)
+        meta = spec.record()
+        tmp = cdir / (_META_FILE + ".tmp")
+        tmp.write_text(json.dumps(meta, sort_keys=True), "utf-8")
+        tmp.replace(cdir / _META_FILE)  # atomic: the metadata marks a finished collection
+        return _OpenShard(shard, spec.dimension, meta)
+
     def ensure_collection(self, spec: CollectionSpec) -> None:
         """Create ``spec.name`` if missing; refuse one built by another model or dimension."""
         opened = self._open(spec.name, spec)
         assert opened is not None
-        check_collection_matches(spec, opened.dimension, opened.meta, found_layout=None)
+        base.check_collection_matches(spec, opened.dimension, opened.meta, found_layout=None)
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
         """The metadata recorded with ``collection``, or ``None`` if it does not exist."""
@@ -229,13 +309,8 @@ class EdgeStore:
     def drop_collection(self, collection: str) -> None:
         """Close and delete the collection's directory."""
         cdir = self._dir(collection)
-        key = str(cdir)
         with _registry_lock:
-            opened = _registry.pop(key, None)
-            if opened is not None:
-                with opened.lock:
-                    opened.shard.close()
-                    opened.closed = True
+            _close(_registry.pop(str(cdir), None))
         with self._lock:
             self._mine.pop(collection, None)
         if cdir.exists():
@@ -265,7 +340,8 @@ class EdgeStore:
         src_dir, dst_dir = self._dir(source), self._dir(collection)
         if not (src_dir / _META_FILE).exists():
             raise VectorStoreError(
-                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist"
+                f"cannot switch {collection!r} to {source!r}: {source!r} does not exist",
+                transient=False,
             )
         if (dst_dir / _META_FILE).exists():
             try:
@@ -277,11 +353,7 @@ class EdgeStore:
                     "(semantic_orm.maintenance.rebuild), or stop the application first"
                 ) from exc
         with _registry_lock:
-            src = _registry.pop(str(src_dir), None)
-            if src is not None:
-                with src.lock:
-                    src.shard.close()
-                    src.closed = True
+            _close(_registry.pop(str(src_dir), None))
             dst = _registry.get(str(dst_dir))
             guard = dst.lock if dst is not None else contextlib.nullcontext()
             with guard:
@@ -308,149 +380,64 @@ class EdgeStore:
             (src_dir / _META_FILE).unlink(missing_ok=True)
             shutil.rmtree(src_dir, ignore_errors=True)
 
-    # -- points -------------------------------------------------------------------------------
+    # -- primitives of the shared point operations -----------------------------------------------
 
     def _require(self, collection: str) -> _OpenShard:
         opened = self._open(collection)
         if opened is None:
-            raise VectorStoreError(f"collection {collection!r} does not exist in {self.path}")
+            raise VectorStoreError(
+                f"collection {collection!r} does not exist in {self.path}", transient=False
+            )
         return opened
 
-    def upsert(self, collection: str, points: Sequence[VectorPoint]) -> None:
-        """Insert or overwrite ``points`` in batches of ``batch_size``."""
-        if not points:
-            return
-        qe = _qe()
+    def _has(self, collection: str) -> bool:
+        return self._open(collection) is not None
+
+    def _shard_call(self, collection: str, what: str, fn: Any, *args: Any) -> Any:
         opened = self._require(collection)
-        for start in range(0, len(points), self.batch_size):
-            batch = []
-            for p in points[start : start + self.batch_size]:
-                vectors: dict[str, Any] = {DENSE_VECTOR: p.vector.tolist()}
-                if p.sparse:
-                    vectors[SPARSE_VECTOR] = qe.SparseVector(
-                        list(p.sparse.indices), list(p.sparse.values)
-                    )
-                batch.append(qe.Point(p.id, vectors, dict(p.payload)))
-            with opened.lock:
-                opened.shard.update(qe.UpdateOperation.upsert_points(batch))
-
-    def delete_rows(self, collection: str, rows: Sequence[tuple[str, int]]) -> None:
-        """Delete each row's points with ``chunk_index >= from_index``, in batched filters."""
-        qe = _qe()
-        opened = self._open(collection)
-        if opened is None or not rows:
-            return
-        for start in range(0, len(rows), self.batch_size):
-            should: list[Any] = []
-            for pk, from_index in rows[start : start + self.batch_size]:
-                must: list[Any] = [qe.FieldCondition(key="pk", match=qe.MatchValue(pk))]
-                if from_index > 0:
-                    must.append(
-                        qe.FieldCondition(key="chunk_index", range=qe.RangeFloat(gte=from_index))
-                    )
-                should.append(qe.Filter(must=must))
-            operation = qe.UpdateOperation.delete_points_by_filter(qe.Filter(should=should))
-            with opened.lock:
-                opened.shard.update(operation)
-
-    def search(
-        self,
-        collection: str,
-        vector: npt.NDArray[np.float32] | None,
-        limit: int,
-        *,
-        sparse: SparseVector | None = None,
-        mode: SearchMode = "dense",
-        score_threshold: float | None = None,
-    ) -> list[StoreHit]:
-        """The ``limit`` best points for ``mode``, best first (empty if the collection is new).
-
-        See :meth:`~semantic_orm.stores.base.VectorStore.search` for the modes.
-        """
-        qe = _qe()
-        opened = self._open(collection)
-        if opened is None or limit <= 0:
-            return []
-        dense = None if vector is None else qe.Query.Nearest(vector.tolist(), using=DENSE_VECTOR)
-        keyword = None
-        if sparse:
-            keyword = qe.Query.Nearest(
-                qe.SparseVector(list(sparse.indices), list(sparse.values)), using=SPARSE_VECTOR
-            )
-        if mode == "keyword" or (mode == "hybrid" and dense is None):
-            if keyword is None:
-                return []
-            request = qe.QueryRequest(
-                limit=limit, query=keyword, with_payload=True, score_threshold=score_threshold
-            )
-        elif mode == "hybrid" and keyword is not None:
-            request = qe.QueryRequest(
-                limit=limit,
-                prefetches=[
-                    qe.Prefetch(limit=limit, query=dense, score_threshold=score_threshold),
-                    qe.Prefetch(limit=limit, query=keyword),
-                ],
-                query=qe.Fusion.Rrf(k=RRF_K),
-                with_payload=True,
-            )
-        else:
-            if dense is None:
-                raise ConfigurationError(f"{mode} search needs a dense query vector")
-            request = qe.QueryRequest(
-                limit=limit, query=dense, with_payload=True, score_threshold=score_threshold
-            )
         with opened.lock:
-            found = opened.shard.query(request)
-        return [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in found]
+            return self._guard(what, getattr(opened.shard, fn), *args)
 
-    def _scroll(self, collection: str, flt: Any, vectors: bool) -> list[StoreHit]:
-        qe = _qe()
-        opened = self._open(collection)
-        if opened is None:
-            return []
-        out: list[StoreHit] = []
-        offset: Any = None
-        while True:
-            request = qe.ScrollRequest(
-                offset=offset, limit=1000, filter=flt, with_payload=True, with_vector=vectors
-            )
-            with opened.lock:
-                records, offset = opened.shard.scroll(request)
-            for r in records:
-                vector = None
-                if vectors and r.vector is not None:
-                    raw = r.vector.get(DENSE_VECTOR) if isinstance(r.vector, dict) else r.vector
-                    vector = np.asarray(raw, dtype=np.float32)
-                out.append(StoreHit(str(r.id), 0.0, r.payload or {}, vector))
-            if offset is None:
-                return out
+    def _sparse(self, vector: SparseVector) -> Any:
+        return _qe().SparseVector(list(vector.indices), list(vector.values))
 
-    def points(self, collection: str, pk: str | None = None) -> list[StoreHit]:
-        """Every point of the collection (or of one row), with payloads."""
-        qe = _qe()
-        flt = None
-        if pk is not None:
-            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchValue(pk))])
-        return self._scroll(collection, flt, vectors=False)
+    def _point(self, pid: str, vectors: dict[str, Any], payload: dict[str, Any]) -> Any:
+        return _qe().Point(pid, vectors, payload)
 
-    def existing(self, collection: str, pks: Sequence[str]) -> list[StoreHit]:
-        """The points of rows ``pks``, with payloads and vectors."""
-        qe = _qe()
-        out: list[StoreHit] = []
-        for start in range(0, len(pks), 1000):
-            batch = list(pks[start : start + 1000])
-            flt = qe.Filter(must=[qe.FieldCondition(key="pk", match=qe.MatchAny(batch))])
-            out.extend(self._scroll(collection, flt, vectors=True))
-        return out
+    def _write(self, collection: str, points: list[Any]) -> None:
+        op = _qe().UpdateOperation.upsert_points(points)
+        self._shard_call(collection, "upsert", "update", op)
 
-    def count(self, collection: str) -> int:
-        """Points in the collection (0 if it does not exist)."""
+    def _delete_where(self, collection: str, flt: Any) -> None:
+        op = _qe().UpdateOperation.delete_points_by_filter(flt)
+        self._shard_call(collection, "delete", "update", op)
+
+    def _scroll_page(
+        self, collection: str, flt: Any, offset: Any, limit: int, vectors: bool
+    ) -> tuple[list[Any], Any]:
+        request = _qe().ScrollRequest(
+            offset=offset, limit=limit, filter=flt, with_payload=True, with_vector=vectors
+        )
+        records, after = self._shard_call(collection, "scroll", "scroll", request)
+        return list(records), after
+
+    def _request(self, ranking: Ranking, vector: Any, flt: Any) -> Any:
         qe = _qe()
-        opened = self._open(collection)
-        if opened is None:
-            return 0
-        with opened.lock:
-            return int(opened.shard.count(qe.CountRequest(exact=True)))
+        return qe.QueryRequest(
+            limit=ranking.limit,
+            offset=ranking.offset or None,
+            query=qe.Query.Nearest(vector, using=ranking.using),
+            filter=flt,
+            score_threshold=ranking.threshold,
+            with_payload=True,
+        )
+
+    def _query_batch(self, collection: str, requests: list[Any]) -> list[list[Any]]:
+        batch = _qe().QueryBatchRequest(requests)
+        return list(self._shard_call(collection, "query", "query_batch", batch))
+
+    def _count(self, collection: str) -> int:
+        return int(self._shard_call(collection, "count", "count", _qe().CountRequest(exact=True)))
 
     def close(self) -> None:
         """Release this store's shards; the last user of a shard flushes and closes it."""
@@ -460,10 +447,14 @@ class EdgeStore:
         with _registry_lock:
             for opened in mine.values():
                 opened.users -= 1
-                if opened.users <= 0:
+                if opened.users <= 0 and not opened.closed:
                     with opened.lock:
-                        opened.shard.flush()
-                        opened.shard.close()
+                        try:
+                            opened.shard.flush()
+                            opened.shard.close()
+                        except Exception as exc:  # pragma: no cover - the engine failed
+                            raise store_error("close", self, exc) from exc
+                        opened.closed = True
                     for key, value in list(_registry.items()):
                         if value is opened:
                             del _registry[key]

@@ -1,7 +1,8 @@
-"""Sync on commit: staging in flush, applying after commit, nothing on rollback.
+"""Staging: every write of an installed session becomes outbox jobs, in its own transaction.
 
-Plumbing tests: they run on SQLite and PostgreSQL, on both store adapters, with the fake
-embedder (search quality is tested with the real model in test_integration.py).
+Flushes (insert, update, delete, primary-key changes), ORM and Core statements through the
+session, the legacy bulk methods and savepoints; rollbacks of any kind take the jobs with them.
+Plumbing tests on SQLite and PostgreSQL and on both store adapters, with the fake embedder.
 """
 
 from __future__ import annotations
@@ -9,65 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
 from semantic_orm import (
-    EdgeStore,
+    ConfigurationError,
     SemanticIndex,
     SemanticTypeError,
     SemanticValueError,
-    outbox,
-    signals,
 )
-from semantic_orm.mapping import row_key
 from semantic_orm.testing import HashEmbedder
 
+from .helpers import COLL, assert_index_matches_database, jobs, payloads, pending, points_of
 from .models import Article, Note, Plain, Translation
-
-COLL = "article__content"
 
 LONG = "\n\n".join(
     f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
     for i in range(12)
 )
-
-
-def jobs(engine: Any) -> list[dict[str, Any]]:
-    """The outbox rows, oldest first (empty if the table was never created)."""
-    from sqlalchemy import inspect as sa_inspect
-    from sqlalchemy import select
-
-    if not sa_inspect(engine).has_table(outbox.OUTBOX_TABLE):
-        return []
-    with engine.connect() as conn:
-        rows = conn.execute(select(outbox.outbox).order_by(outbox.outbox.c.id))
-        return [dict(r._mapping) for r in rows]
-
-
-def points_of(index: SemanticIndex, pk: Any, collection: str = COLL) -> list[dict[str, Any]]:
-    key = row_key(pk if isinstance(pk, tuple) else (pk,))
-    found = index.store.points(collection, key)
-    return sorted((dict(p.payload) for p in found), key=lambda p: p["chunk_index"])
-
-
-def test_insert_syncs_chunks_with_exact_offsets(
-    Session: sessionmaker[OrmSession], index: SemanticIndex
-) -> None:
-    with Session() as s:
-        art = Article(title="t", content=LONG)
-        s.add(art)
-        s.commit()
-        pts = points_of(index, art.id)
-    assert len(pts) > 3
-    assert [p["chunk_index"] for p in pts] == list(range(len(pts)))
-    for p in pts:
-        assert p["table"] == "article" and p["column"] == "content" and p["pk"] == str(art.id)
-        assert p["total_chunks"] == len(pts)
-        assert 0 < p["end_offset"] - p["start_offset"] <= 200
-    assert pts[0]["start_offset"] == 0
-    assert pts[-1]["end_offset"] == len(LONG.rstrip())
 
 
 def test_nothing_reaches_the_store_before_commit(
@@ -255,21 +216,6 @@ def test_unindexable_text_is_refused_clearly(
     assert index.store.count(COLL) == 0
 
 
-def test_ten_megabyte_text(Session: sessionmaker[OrmSession], index: SemanticIndex) -> None:
-    if not isinstance(index.store, EdgeStore):
-        pytest.skip("qdrant-client's local mode is a brute-force test double; Edge is the engine")
-    big = ("Une phrase en français, avec des accents: été, où, Noël. " * 40 + "\n\n") * 4400
-    assert len(big) > 10_000_000
-    with Session() as s:
-        art = Article(title="big", content=big)
-        s.add(art)
-        s.commit()
-        total = index.store.count(COLL)
-        assert total > len(big) // 200
-        sample = points_of(index, art.id)[1234]
-        assert big[sample["start_offset"] : sample["end_offset"]].strip() != ""
-
-
 def test_string_and_composite_primary_keys(
     Session: sessionmaker[OrmSession], index: SemanticIndex
 ) -> None:
@@ -306,142 +252,6 @@ def test_primary_key_change_moves_points(
     assert point["end_offset"] == len("a summary")
 
 
-def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) -> None:
-    idx, factory = installed(flaky=True, retry_base=0.01)
-    flaky = idx.store
-    failures: list[dict[str, Any]] = []
-
-    def on_fail(sender: Any, **kw: Any) -> None:
-        failures.append({"sender": sender, **kw})
-
-    with signals.sync_failed.connected_to(on_fail):
-        flaky.down = True
-        with factory() as s:
-            art = Article(title="t", content=LONG)
-            s.add(art)
-            s.commit()  # does not raise
-        with factory() as s:
-            assert s.get(Article, art.id) is not None
-        (job,) = jobs(engine)
-        assert job["row_pk"] == str(art.id) and job["attempts"] == 1 and not job["dead"]
-        assert "unreachable" in job["last_error"]
-        assert failures and failures[0]["sender"] is Article
-        assert failures[0]["pks"] == [str(art.id)]
-        flaky.down = False
-        idx.drain(engine, timeout=10)
-    assert jobs(engine) == []
-    assert len(points_of(idx, art.id)) > 1
-    with factory() as s:
-        (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
-        assert hit.obj.id == art.id
-
-
-def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
-    engine: Any, installed: Any
-) -> None:
-    idx, factory = installed(flaky=True)
-    flaky = idx.store
-    with factory() as s:
-        art = Article(title="t", content=LONG)
-        s.add(art)
-        flaky.down = True
-        s.commit()
-        assert len(jobs(engine)) == 1
-        flaky.down = False
-        art.content = "newest content"
-        s.commit()
-    assert jobs(engine) == []
-    (only,) = points_of(idx, art.id)
-    assert only["end_offset"] == len("newest content")
-
-
-def test_install_is_explicit_scoped_and_removable(
-    engine: Any, index: SemanticIndex, hash_embedder: HashEmbedder
-) -> None:
-    from .models import Base
-
-    Base.metadata.create_all(engine)
-    plain_factory = sessionmaker(engine)
-    synced_factory = sessionmaker(engine)
-    index.install(synced_factory)
-    index.install(synced_factory)  # twice is harmless
-    with plain_factory() as s:
-        s.add(Article(title="a", content="never indexed"))
-        s.commit()
-    assert index.store.count(COLL) == 0
-    with synced_factory() as s:
-        s.add(Article(title="b", content="indexed once"))
-        s.commit()
-    assert index.store.count(COLL) == 1
-    assert hash_embedder.texts_encoded == 1
-    index.uninstall(synced_factory)
-    with synced_factory() as s:
-        s.add(Article(title="c", content="after uninstall"))
-        s.commit()
-    assert index.store.count(COLL) == 1
-    # a single Session can be tracked too
-    with OrmSession(engine) as s:
-        index.install(s)
-        s.add(Article(title="d", content="single session"))
-        s.commit()
-        index.uninstall(s)
-    assert index.store.count(COLL) == 2
-
-
-def test_another_index_on_the_same_factory_is_refused(
-    engine: Any, index: SemanticIndex, store: Any
-) -> None:
-    from semantic_orm import ConfigurationError
-
-    factory = sessionmaker(engine)
-    index.install(factory)
-    with pytest.raises(ConfigurationError, match="already installed"):
-        SemanticIndex(store=store, embedder=HashEmbedder()).install(factory)
-    index.uninstall(factory)
-
-
-def test_signals_carry_model_and_payload(
-    Session: sessionmaker[OrmSession], index: SemanticIndex
-) -> None:
-    seen: dict[str, list[dict[str, Any]]] = {
-        "chunked": [],
-        "embedded": [],
-        "synced": [],
-        "searched": [],
-    }
-
-    def recorder(name: str) -> Any:
-        def receive(sender: Any, **kw: Any) -> None:
-            seen[name].append({"sender": sender, **kw})
-
-        return receive
-
-    receivers = {name: recorder(name) for name in seen}
-    for name, fn in receivers.items():
-        getattr(signals, name).connect(fn)
-    try:
-        with Session() as s:
-            art = Article(title="t", content=LONG)
-            s.add(art)
-            s.commit()
-            hits = Article.semantic_search(s, "topic number 3", limit=1)
-            s.delete(art)
-            s.commit()
-    finally:
-        for name, fn in receivers.items():
-            getattr(signals, name).disconnect(fn)
-    (chunked,) = seen["chunked"]
-    assert chunked["sender"] is Article and chunked["column"] == "content"
-    assert chunked["pk"] == str(art.id) and len(chunked["chunks"]) > 1
-    (embedded,) = seen["embedded"]
-    assert embedded["count"] == len(chunked["chunks"]) and embedded["model"] == "hash-embedder"
-    assert [s["upserted"] for s in seen["synced"]] == [[str(art.id)], []]
-    assert seen["synced"][1]["deleted"] == [str(art.id)]
-    (searched,) = seen["searched"]
-    assert searched["sender"] is Article and searched["query"] == "topic number 3"
-    assert searched["hits"] == hits
-
-
 def test_raw_sql_changes_are_not_seen_but_do_not_break(
     Session: sessionmaker[OrmSession], index: SemanticIndex
 ) -> None:
@@ -454,3 +264,127 @@ def test_raw_sql_changes_are_not_seen_but_do_not_break(
         s.commit()
         assert index.store.count(COLL) == 1
         assert Article.semantic_search(s, "rivers", limit=5) == []
+
+
+def test_bulk_update_and_delete_statements_enqueue_jobs(installed: Any) -> None:
+    idx, factory = installed()
+    engine = factory.kw["bind"]
+    with factory() as s:
+        s.add_all(
+            Article(id=i, title="t", lang="en", content=f"old text {i}") for i in range(101, 106)
+        )
+        s.commit()
+        s.execute(update(Article).where(Article.id <= 102).values(content="bulk updated text"))
+        s.execute(update(Article), [{"id": 103, "content": "updated by primary key"}])
+        s.execute(delete(Article).where(Article.id == 105))
+        s.commit()
+        s.execute(insert(Article), [{"id": 109, "title": "x", "content": "inserted with pk"}])
+        s.execute(insert(Article), [{"title": "x", "content": "no primary key: read back"}])
+        s.commit()
+        s.execute(update(Article).where(Article.id == 104).values(title="title only"))
+        assert [j for j in jobs(engine) if j["row_pk"] == "104"] == []  # no semantic change
+        s.commit()
+    assert jobs(engine) == []
+    assert assert_index_matches_database(engine, idx.store) == 6
+
+
+def test_bulk_update_that_changes_the_primary_key_moves_the_points(installed: Any) -> None:
+    idx, factory = installed()
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"text of row {i}") for i in (1, 3))
+        s.commit()
+        s.execute(update(Article).where(Article.id == 1).values(id=2))
+        s.execute(update(Article).where(Article.id == 3).values(id=Article.id + 10))
+        s.commit()
+    assert pending(factory.kw["bind"]) == []
+    assert payloads(idx.store, 1) == [] and payloads(idx.store, 3) == []
+    assert [p["pk"] for p in payloads(idx.store, 2)] == ["2"]
+    assert [p["pk"] for p in payloads(idx.store, 13)] == ["13"]
+    assert_index_matches_database(factory.kw["bind"], idx.store)
+
+
+def test_legacy_bulk_methods_are_synced(installed: Any) -> None:
+    idx, factory = installed()
+    with factory() as s:
+        s.bulk_insert_mappings(Article, [{"title": "b", "content": "row without a key"}])
+        s.bulk_insert_mappings(Article, [{"id": 101, "title": "a", "content": "first row"}])
+        s.bulk_save_objects([Article(id=105, title="c", content="saved in bulk")])
+        s.commit()
+        s.bulk_update_mappings(Article, [{"id": 101, "content": "first row, updated"}])
+        s.bulk_update_mappings(Article, [{"id": 105, "title": "title only"}])
+        obj = s.get(Article, 105)
+        assert obj is not None
+        s.expunge(obj)
+        obj.content = "saved in bulk, then changed"
+        s.bulk_save_objects([obj])
+        s.commit()
+    engine = factory.kw["bind"]
+    assert pending(engine) == []
+    assert assert_index_matches_database(engine, idx.store) >= 3
+    hit = Article.semantic_search(factory(), "changed", limit=1, mode="keyword", index=idx)
+    assert hit[0].obj.id == 105
+
+
+def test_core_statements_through_the_session_are_synced(installed: Any) -> None:
+    idx, factory = installed()
+    table = Article.__table__
+    with factory() as s:
+        s.execute(insert(table).values(title="t", content="core row without key"))
+        s.execute(
+            insert(table),
+            [{"id": i, "title": "t", "content": f"core row {i}"} for i in (101, 2, 3)],
+        )
+        s.commit()
+        s.execute(update(table).where(table.c.id == 2).values(content="core row two, changed"))
+        s.execute(delete(table).where(table.c.id == 3))
+        s.connection().execute(
+            update(table).where(table.c.id == 101).values(content="via connection")
+        )
+        s.commit()
+    engine = factory.kw["bind"]
+    assert pending(engine) == []
+    assert payloads(idx.store, 3) == []
+    assert assert_index_matches_database(engine, idx.store) == 3
+
+
+def test_insert_with_values_and_a_primary_key_is_accepted(installed: Any) -> None:
+    idx, factory = installed()
+    with factory() as s:
+        s.execute(insert(Article).values(title="t", content="no key, read back"))
+        s.execute(insert(Article).values(id=7, title="t", content="inserted with values"))
+        s.execute(
+            insert(Article).values(
+                [
+                    {"id": 20, "title": "x", "content": "multi one"},
+                    {"id": 21, "title": "y", "content": "multi two"},
+                ]
+            )
+        )
+        s.commit()
+        with pytest.raises(ConfigurationError, match="from a SELECT"):
+            s.execute(
+                insert(Article).from_select(
+                    ["title", "content"], select(Article.title, Article.content)
+                )
+            )
+        s.rollback()
+    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 4
+
+
+def test_bad_values_in_statements_raise_library_errors(installed: Any) -> None:
+    _idx, factory = installed()
+    table = Article.__table__
+    with factory() as s:
+        with pytest.raises(SemanticTypeError, match="content"):
+            s.execute(insert(Article).values(id=1, title="t", content=42))
+        s.rollback()
+        with pytest.raises(SemanticValueError, match="NUL"):
+            s.execute(insert(table), [{"id": 2, "title": "t", "content": "a\x00b"}])
+        s.rollback()
+        s.add(Article(id=3, title="t", content="fine"))
+        s.commit()
+        with pytest.raises(SemanticTypeError, match="content"):
+            s.execute(update(Article).where(Article.id == 3).values(content=b"bytes"))
+        s.rollback()
+    with factory.kw["bind"].begin() as conn, pytest.raises(SemanticValueError):  # no session
+        conn.execute(insert(table).values(id=4, title="t", content="\ud800"))

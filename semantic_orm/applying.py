@@ -1,0 +1,292 @@
+"""Applying: make the vector store hold each row's current text (chunk, fit, diff, embed, write).
+
+:class:`Applier` takes :class:`SyncOp` values (a column binding, a row key and the row's text,
+``None`` when the row is gone) and, per target collection:
+
+1. **chunk** each text with the column's chunker, then **fit** chunks that overflow the model's
+   window by splitting them at token boundaries (for a
+   :class:`~semantic_orm.embedding.TokenAwareEmbedder`), so no text is silently truncated;
+2. **diff** against the points the store already holds for those rows: an unchanged chunk is
+   left alone, a chunk that only moved keeps its vector and gets a new payload;
+3. **embed** only the chunks whose text is new, in one batch;
+4. **write**: upsert the points (deterministic ids), then delete what an update left past a
+   row's new last chunk, and every point of a row that is gone.
+
+A batch that fails with a permanent error is bisected, so one poison row fails alone and the
+rest of its batch still syncs; a transient failure fails the batch as a whole (retrying later
+is the answer). Failures are returned, never raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import keywords, signals
+from .binding import ColumnBinding
+from .chunking import Chunk, fit_to_window
+from .embedding import TokenAwareEmbedder
+from .exc import ChunkTooLongWarning, is_transient
+from .keywords import KEYWORDS_VERSION
+from .outbox import JobKey
+from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
+
+__all__ = ["Applier", "ApplyReport", "SyncOp", "text_hash"]
+
+log = logging.getLogger("semantic_orm")
+
+
+def text_hash(text: str) -> str:
+    """Digest of a text, as stored in point payloads."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOp:
+    """Make the index hold ``text`` for one row's column; ``text=None`` removes the row."""
+
+    binding: ColumnBinding
+    pk: str
+    text: str | None
+
+    @property
+    def key(self) -> JobKey:
+        """The outbox key this op syncs."""
+        return JobKey(self.binding.column.table, self.binding.column.name, self.pk)
+
+
+@dataclass(slots=True)
+class ApplyReport:
+    """What one :meth:`Applier.apply` call did."""
+
+    upserted: int = 0
+    deleted: int = 0
+    points: int = 0
+    embedded: int = 0
+    reused: int = 0
+    failed: list[tuple[list[SyncOp], BaseException]] = field(default_factory=list)
+
+
+class Applier:
+    """Applies :class:`SyncOp` batches to a store (see the module docstring).
+
+    Args:
+        store: The vector store.
+        check: Checks a binding's target collection before it is written (creates it, or
+            raises on drift); a failure fails the binding's ops like any other.
+    """
+
+    def __init__(self, store: Store, check: Callable[[ColumnBinding], None]) -> None:
+        self.store = store
+        self.check = check
+        self._warned: set[str] = set()
+
+    def apply(self, ops: Sequence[SyncOp]) -> ApplyReport:
+        """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs."""
+        report = ApplyReport()
+        groups: dict[str, list[SyncOp]] = {}
+        for op in ops:
+            groups.setdefault(op.binding.target, []).append(op)
+        for group in groups.values():
+            try:
+                self.check(group[0].binding)
+            except Exception as exc:  # the collection itself: no bisection can help
+                self._failed(group, exc, report)
+                continue
+            self._isolating(group, report)
+        return report
+
+    def _isolating(self, ops: list[SyncOp], report: ApplyReport) -> None:
+        try:
+            self._apply(ops, report)
+        except Exception as exc:
+            if len(ops) > 1 and not is_transient(exc):
+                half = len(ops) // 2
+                self._isolating(ops[:half], report)
+                self._isolating(ops[half:], report)
+                return
+            self._failed(ops, exc, report)
+
+    @staticmethod
+    def _failed(ops: list[SyncOp], exc: BaseException, report: ApplyReport) -> None:
+        binding = ops[0].binding
+        log.warning("semantic_orm: syncing %s failed: %s", binding.label, exc)
+        if signals.sync_failed.receivers:
+            signals.sync_failed.send(
+                binding.column.mapped_class,
+                column=binding.column.key,
+                pks=[op.pk for op in ops],
+                error=exc,
+            )
+        report.failed.append((ops, exc))
+
+    def _chunks(self, binding: ColumnBinding, text: str | None) -> list[Chunk]:
+        """The chunks of ``text``, fitted to the model's window."""
+        if not text:
+            return []
+        chunks = binding.chunker.chunk(text)
+        embedder = binding.embedder
+        window = embedder.max_seq_length
+        if chunks and window and isinstance(embedder, TokenAwareEmbedder):
+            budget = window - embedder.special_token_count()
+            fitted = fit_to_window(chunks, text, embedder.token_spans, budget)
+            if len(fitted) > len(chunks):
+                self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
+            chunks = fitted
+        return chunks
+
+    def _apply(self, ops: list[SyncOp], report: ApplyReport) -> None:
+        binding = ops[0].binding
+        cls = binding.column.mapped_class
+        store = self.store
+        target = binding.target
+        config = binding.fingerprint
+
+        rows: list[tuple[str, str | None, list[Chunk]]] = []
+        for op in ops:
+            chunks = self._chunks(binding, op.text)
+            rows.append((op.pk, op.text, chunks))
+            if chunks and signals.chunked.receivers:
+                signals.chunked.send(cls, column=binding.column.key, pk=op.pk, chunks=chunks)
+
+        # what the store already holds for these rows: vectors to reuse, payloads to compare
+        live = [pk for pk, _, chunks in rows if chunks]
+        reusable: dict[tuple[str, str], Any] = {}
+        current: dict[tuple[str, int], dict[str, Any]] = {}
+        stored_counts: dict[str, int] = {}
+        for point in store.existing(target, live) if live else []:
+            stored = PointPayload.from_dict(point.payload)
+            stored_counts[stored.pk] = max(stored_counts.get(stored.pk, 0), stored.chunk_index + 1)
+            if stored.config != config:
+                continue  # produced by another model or chunking: not comparable
+            reusable[(stored.pk, stored.chunk_hash)] = point.vector
+            current[(stored.pk, stored.chunk_index)] = dict(point.payload)
+
+        column = binding.column
+        # (id, vector or None, payload, keyword vector): dense vectors are reused when a chunk's
+        # text is unchanged; keyword vectors are cheap, so every written point recomputes its own
+        slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
+        to_embed: list[tuple[int, str]] = []
+        for pk, text, chunks in rows:
+            whole = text_hash(text) if text else ""
+            for chunk in chunks:
+                digest = text_hash(chunk.text)
+                payload = PointPayload(
+                    table=column.table,
+                    column=column.name,
+                    pk=pk,
+                    chunk_index=chunk.index,
+                    start_offset=chunk.start_offset,
+                    end_offset=chunk.end_offset,
+                    total_chunks=chunk.total_chunks,
+                    chunk_hash=digest,
+                    config=config,
+                    analyzer=str(KEYWORDS_VERSION),
+                    text_hash=whole,
+                    meta=dict(chunk.metadata),
+                ).to_dict()
+                if current.get((pk, chunk.index)) == payload:
+                    report.reused += 1
+                    continue  # unchanged: nothing to write
+                vector = reusable.get((pk, digest))
+                if vector is not None:
+                    report.reused += 1
+                else:
+                    to_embed.append((len(slots), chunk.text))
+                pid = point_id(binding.collection, pk, chunk.index)
+                slots.append((pid, vector, payload, keywords.document_vector(chunk.text)))
+
+        if to_embed:
+            texts = [text for _, text in to_embed]
+            self._check_window(binding, texts)
+            started = time.perf_counter()
+            vectors = binding.embedder.encode(texts)
+            if signals.embedded.receivers:
+                signals.embedded.send(
+                    cls,
+                    column=column.key,
+                    count=len(texts),
+                    model=binding.embedder.name,
+                    seconds=time.perf_counter() - started,
+                )
+            for (slot, _), vector in zip(to_embed, vectors, strict=True):
+                pid, _, payload, sparse = slots[slot]
+                slots[slot] = (pid, vector, payload, sparse)
+            report.embedded += len(texts)
+        ready = [VectorPoint(pid, vec, payload, sparse) for pid, vec, payload, sparse in slots]
+        if ready:
+            store.upsert(target, ready)
+            report.points += len(ready)
+        # prune what an update left past a row's new last chunk; drop the rows that are gone
+        prune = [
+            (pk, len(chunks))
+            for pk, _, chunks in rows
+            if not chunks or stored_counts.get(pk, 0) > len(chunks)
+        ]
+        if prune:
+            store.delete_rows(target, prune)
+        upserted = [pk for pk, _, chunks in rows if chunks]
+        deleted = [pk for pk, _, chunks in rows if not chunks]
+        report.upserted += len(upserted)
+        report.deleted += len(deleted)
+        if signals.synced.receivers:
+            signals.synced.send(
+                cls, column=column.key, upserted=upserted, deleted=deleted, points=len(ready)
+            )
+
+    def _warn_split(
+        self, binding: ColumnBinding, chunks: Sequence[Chunk], budget: int, extra: int
+    ) -> None:
+        """Warn once per column that its chunks overflow the model window (and were split)."""
+        label = binding.label
+        embedder = binding.embedder
+        if label in self._warned or not isinstance(embedder, TokenAwareEmbedder):
+            return
+        self._warned.add(label)
+        longest = max(len(embedder.token_spans(c.text)) for c in chunks)
+        size = binding.column.settings.chunk_size
+        warnings.warn(
+            ChunkTooLongWarning(
+                f"{label}: chunk_size={size} characters gives chunks of up to {longest} "
+                f"tokens, but model {embedder.name!r} reads at most {embedder.max_seq_length} "
+                f"tokens per chunk (max_seq_length). Those chunks are split further at token "
+                f"boundaries ({extra} more chunks here) so that no text is silently truncated; "
+                f"a chunk_size of about {max(1, size * budget // longest)} characters would "
+                "avoid the second split."
+            ),
+            stacklevel=3,
+        )
+
+    def _check_window(self, binding: ColumnBinding, texts: Sequence[str]) -> None:
+        """Warn once per column when chunks exceed the model's window (silent truncation).
+
+        Only for embedders that cannot report token offsets; the others split such chunks.
+        """
+        embedder = binding.embedder
+        label = binding.label
+        if label in self._warned or isinstance(embedder, TokenAwareEmbedder):
+            return
+        limit = embedder.max_seq_length
+        if not limit:
+            return
+        counts = embedder.count_tokens(texts)
+        if not counts or max(counts) <= limit:
+            return
+        self._warned.add(label)
+        over = sum(1 for c in counts if c > limit)
+        longest, size = max(counts), binding.column.settings.chunk_size
+        warnings.warn(
+            ChunkTooLongWarning(
+                f"{label}: chunk_size={size} characters gives chunks of up to {longest} "
+                f"tokens ({over} of {len(counts)} over the limit), but model {embedder.name!r} "
+                f"reads at most {limit} tokens per chunk (max_seq_length); the rest of those "
+                f"chunks is ignored when embedding. Lower chunk_size (about "
+                f"{size * limit // longest} characters would fit)."
+            ),
+            stacklevel=2,
+        )

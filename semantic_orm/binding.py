@@ -1,0 +1,268 @@
+"""Column bindings: one ``SemanticText`` column as an index resolves it.
+
+A :class:`ColumnBinding` is a frozen value holding everything the save path and the search path
+need about one column: the column, the collection searches read, the collection writes go to
+(the same, except during a rebuild), the embedder and chunker, the fingerprint of the settings
+that produce its vectors, and the spec its collection must match. :class:`Bindings` resolves each
+column once per index (``index.binding_for(column)``), keyed by the column's table, name and
+declared settings, never by object identity; a rebuild is the same binding with another write
+target (:meth:`ColumnBinding.retarget`).
+
+Drift lives here too: :func:`drift` compares what a collection recorded when it was built with
+what the column declares now, and :meth:`Bindings.check` refuses a collection whose vectors no
+longer fit (:class:`~semantic_orm.exc.EmbeddingDriftError`, naming each change and the rebuild
+command), or lets searches through with a warning when only the chunk settings changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .chunking import Chunker
+from .embedding import Embedder
+from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
+from .mapping import SemanticColumn
+from .stores.base import CollectionSpec, Store
+from .version import __version__
+
+__all__ = ["Bindings", "ColumnBinding", "drift", "fingerprint"]
+
+log = logging.getLogger("semantic_orm")
+
+
+def fingerprint(model: str, dimension: int, chunker: Mapping[str, Any]) -> str:
+    """Short digest of what makes vectors comparable: model, dimension, chunking settings."""
+    blob = json.dumps([model, dimension, dict(chunker)], sort_keys=True)
+    return hashlib.blake2b(blob.encode("utf-8"), digest_size=6).hexdigest()
+
+
+@dataclass(frozen=True)
+class ColumnBinding:
+    """One semantic column as an index resolved it (see the module docstring).
+
+    The embedder's dimension (which may load a model) is read only when :attr:`spec` or
+    :attr:`fingerprint` is first used.
+    """
+
+    column: SemanticColumn
+    collection: str
+    """The collection searches read."""
+    target: str
+    """The collection writes go to: :attr:`collection`, or a rebuild's new collection."""
+    embedder: Embedder
+    chunker: Chunker
+
+    @property
+    def label(self) -> str:
+        """``Model.attribute``, for messages."""
+        return self.column.label
+
+    @functools.cached_property
+    def spec(self) -> CollectionSpec:
+        """What the target collection must hold."""
+        column = self.column
+        return CollectionSpec(
+            name=self.target,
+            dimension=self.embedder.dimension,
+            model=self.embedder.name,
+            metadata={
+                "chunker": self.chunker.config(),
+                "table": column.table,
+                "column": column.name,
+                "semantic_orm": __version__,
+            },
+        )
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Digest of the model and chunking that produce this column's vectors."""
+        spec = self.spec
+        return fingerprint(spec.model, spec.dimension, spec.metadata["chunker"])
+
+    def retarget(self, name: str) -> ColumnBinding:
+        """The same binding, writing into collection ``name`` (a rebuild)."""
+        return dataclasses.replace(self, target=name)
+
+
+def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
+    """What differs between a collection's recorded metadata and what ``spec`` would record.
+
+    Compares the model, the dimension and each chunker setting; the library version is not a
+    difference. Settings a collection did not record (older servers) are not compared.
+
+    Returns:
+        ``{setting: (recorded, declared)}``, empty when nothing changed.
+    """
+    if not recorded:
+        return {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
+        if key in recorded and recorded[key] != declared:
+            changes[key] = (recorded[key], declared)
+    old = recorded.get("chunker")
+    new = spec.metadata.get("chunker")
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                changes[f"chunker.{key}"] = (old.get(key), new.get(key))
+    return changes
+
+
+def drift_error(
+    binding: ColumnBinding, collection: str, changes: dict[str, tuple[Any, Any]]
+) -> EmbeddingDriftError:
+    """The error naming each change of ``binding``'s column and the command that rebuilds it."""
+    listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
+    cls = binding.column.mapped_class
+    if {"model", "dimension"} & set(changes):
+        meanwhile = (
+            "Searching it with the new model would compare unrelated vectors, so searches and "
+            "writes are refused. Rebuild it (a deployment still on the old settings can serve "
+            "searches meanwhile)"
+        )
+    else:
+        meanwhile = (
+            "Searches still use it (same model); writes wait in the outbox. Rebuild it "
+            "(searches keep using the current collection until the switch)"
+        )
+    return EmbeddingDriftError(
+        f"{binding.label} has changed since its collection {collection!r} was built ({listed}). "
+        f"{meanwhile}: semantic-orm reindex MODULE:index "
+        f"{cls.__module__}:{cls.__qualname__} --rebuild (or "
+        f"semantic_orm.maintenance.rebuild(index, {cls.__qualname__})). To keep the old "
+        "vectors instead, restore the previous settings.",
+        column=binding.label,
+        collection=collection,
+        changes=changes,
+    )
+
+
+class Bindings:
+    """Resolves and checks the column bindings of one index.
+
+    Args:
+        store: Where the collections live.
+        prefix: Prepended to every collection name.
+        embedder_for: Returns the embedder for a column's declared model name (``None``: the
+            index's default).
+    """
+
+    def __init__(
+        self, store: Store, prefix: str, embedder_for: Callable[[str | None], Embedder]
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self._embedder_for = embedder_for
+        self._bindings: dict[tuple[str, str, tuple[Any, ...]], ColumnBinding] = {}
+        self._columns: dict[tuple[str, str], SemanticColumn] = {}
+        self._owners: dict[str, tuple[str, str, str]] = {}  # collection -> table, column, label
+        self._checked: dict[str, str] = {}  # collection -> fingerprint checked for writing
+        self._searchable: dict[str, str] = {}  # drifted in chunking only: searchable
+        self._lock = threading.RLock()
+
+    # -- columns -------------------------------------------------------------------------------
+
+    def register(self, column: SemanticColumn) -> None:
+        """Remember ``column`` so that jobs naming its table and column can be processed.
+
+        Raises:
+            ConfigurationError: Another table or column already uses the same collection (its
+                vectors and this column's would overwrite each other).
+        """
+        where = (column.table, column.name)
+        name = column.collection(self.prefix)
+        with self._lock:
+            owner = self._owners.get(name)
+            if owner is not None and owner[:2] != where:
+                raise ConfigurationError(
+                    f"{column.label} and {owner[2]} both use the vector collection {name!r}; "
+                    "their vectors would overwrite each other and one's search would return the "
+                    "other's rows. Give one of them its own SemanticText(collection=...)"
+                )
+            self._owners[name] = (*where, column.label)
+            self._columns.setdefault(where, column)
+
+    def column(self, table: str, column: str) -> SemanticColumn | None:
+        """The registered column for a job's ``table`` and ``column``."""
+        return self._columns.get((table, column))
+
+    def columns(self) -> list[SemanticColumn]:
+        """Every registered column."""
+        return list(self._columns.values())
+
+    # -- bindings ------------------------------------------------------------------------------
+
+    def binding_for(self, column: SemanticColumn) -> ColumnBinding:
+        """``column`` resolved: its collections, embedder, chunker and fingerprint (cached)."""
+        key = (column.table, column.name, column.settings.settings_key())
+        found = self._bindings.get(key)
+        if found is not None:
+            return found
+        self.register(column)
+        name = column.collection(self.prefix)
+        made = ColumnBinding(
+            column=column,
+            collection=name,
+            target=name,
+            embedder=self._embedder_for(column.settings.model),
+            chunker=column.settings.make_chunker(),
+        )
+        with self._lock:
+            return self._bindings.setdefault(key, made)
+
+    # -- drift ---------------------------------------------------------------------------------
+
+    def check(self, binding: ColumnBinding, *, for_search: bool = False) -> None:
+        """Create ``binding``'s target collection if needed; refuse one its vectors do not fit.
+
+        Args:
+            binding: The column binding.
+            for_search: Only searching: a collection chunked with other settings still answers
+                (its vectors come from the same model), with a warning; writing to it does not.
+
+        Raises:
+            EmbeddingDriftError: The collection was built by another model or dimension (or,
+                when writing, other chunk settings). The message names each change and the
+                command that rebuilds the collection.
+        """
+        name = binding.target
+        done = self._checked.get(name)
+        if done == binding.fingerprint or (
+            for_search and self._searchable.get(name) == binding.fingerprint
+        ):
+            return
+        spec = binding.spec
+        try:
+            self.store.ensure_collection(spec)
+        except CollectionMismatchError as exc:
+            changes = drift(self.store.collection_info(name), spec)
+            if not changes:
+                raise  # not a setting that changed (e.g. a collection of an older layout)
+            raise drift_error(binding, name, changes) from exc
+        changes = drift(self.store.collection_info(name), spec)
+        if not changes:
+            self._checked[name] = binding.fingerprint
+            return
+        if for_search and not {"model", "dimension"} & set(changes):
+            log.warning("semantic_orm: %s", drift_error(binding, name, changes))
+            self._searchable[name] = binding.fingerprint
+            return
+        raise drift_error(binding, name, changes)
+
+    def drift_of(self, binding: ColumnBinding) -> dict[str, tuple[Any, Any]]:
+        """What changed since ``binding``'s collection was built (empty if nothing or new)."""
+        return drift(self.store.collection_info(binding.collection), binding.spec)
+
+    def forget(self, binding: ColumnBinding) -> None:
+        """Check ``binding``'s collections again on next use (after a rebuild switched them)."""
+        for name in (binding.collection, binding.target):
+            self._checked.pop(name, None)
+            self._searchable.pop(name, None)

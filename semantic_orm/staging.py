@@ -1,0 +1,563 @@
+"""Staging: every write of an installed session becomes outbox jobs in its own transaction.
+
+:class:`SessionTracker` listens on a ``sessionmaker``'s private Session class (or one
+``Session``) and catches the three ways a session writes a ``SemanticText`` column:
+
+* **flushes** (``session.add``, attribute changes, ``session.delete``, primary-key changes):
+  ``before_flush`` refuses values that cannot be indexed, naming the model and column;
+  ``after_flush`` (primary keys exist by then) writes one job per changed semantic attribute,
+  two when the primary key changed (the old key's points go, the new key's come);
+* **statements** the session executes (ORM or Core ``insert()``/``update()``/``delete()`` on a
+  table with a semantic column, ``bulk_insert_mappings``, ``bulk_update_mappings``,
+  ``bulk_save_objects``, and anything sent through ``session.connection()``): a listener on
+  each connection the session begins reads the rows a statement will touch before it runs (and
+  the new primary keys an update assigns), or the keys an insert creates (from its parameters,
+  or ``RETURNING``), and writes their jobs after it ran. An insert whose new keys cannot be
+  known (``from_select``, multi-row ``values()`` without keys) is refused before it runs;
+* nothing else: raw SQL, database cascades and other applications are invisible to a session.
+  ``semantic-orm reconcile`` converges those (:func:`semantic_orm.maintenance.reconcile`).
+
+Jobs go to the database of the row's table (per-model ``binds`` work), are remembered on the
+transaction that wrote them (the innermost savepoint, or the root), move outward when a
+savepoint is released, vanish when it rolls back, and are handed over after the root commits,
+once the transaction has ended and its connections are back in the pool. A session that joined
+a transaction it does not own (the test recipe that binds a session to an open connection) makes
+no durable commit: its jobs wait in the outbox for that transaction's fate. The tracker writes
+jobs and calls back; it never syncs anything itself.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, event, inspect, select
+from sqlalchemy.orm import InstanceState, Mapper, Session, SessionTransaction, UOWTransaction
+from sqlalchemy.sql import operators, visitors
+from sqlalchemy.sql.dml import Insert, Update, UpdateBase
+from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnElement
+
+from . import outbox
+from .column import SemanticText, check_semantic_value
+from .exc import ConfigurationError
+from .mapping import SemanticColumn, row_key, semantic_columns, table_name
+from .outbox import Job, JobKey
+
+__all__ = ["SessionTracker", "Staged", "StagingHooks"]
+
+_STAGED = "semantic_orm.staged"
+_FLUSHING = "semantic_orm.flushing"
+_CONNECTIONS = "semantic_orm.connections"
+_COMMITTED = "semantic_orm.committed"
+
+
+@dataclass(slots=True)
+class Staged:
+    """What one transaction wrote to one database's outbox."""
+
+    keys: set[JobKey] = field(default_factory=set)
+    ids: list[int] = field(default_factory=list)
+    born: list[Job] = field(default_factory=list)
+    """Jobs born leased to this process's processor (synced without a claim)."""
+
+    def merge(self, other: Staged) -> None:
+        """Add ``other``'s jobs (a released savepoint's)."""
+        self.keys |= other.keys
+        self.ids.extend(other.ids)
+        self.born.extend(other.born)
+
+
+@dataclass(frozen=True, slots=True)
+class StagingHooks:
+    """What the tracker asks of its index.
+
+    Attributes:
+        register: Called with each semantic column a write touches (discovery).
+        prepare: Called with each connection a session begins (create the outbox if needed).
+        born_leased: The token to lease a connection's new jobs to at birth, or ``None``.
+        lease: Seconds a birth lease lasts.
+        on_commit: Called with the engine and what it staged once a durable root commit has
+            ended (its connections are back in the pool).
+        begin: Called when a session's root transaction begins on an engine, with the
+            connection and whether the session joined a transaction it does not own.
+        end: Called when that transaction ends (same arguments).
+        mapper_for: The mapper of a table, for statements on a bare ``Table``.
+    """
+
+    register: Callable[[SemanticColumn], None]
+    prepare: Callable[[Connection], None]
+    born_leased: Callable[[Connection], str | None]
+    lease: float
+    on_commit: Callable[[Engine, Staged], None]
+    begin: Callable[[Engine, Connection, bool], None]
+    end: Callable[[Engine, Connection, bool], None]
+    mapper_for: Callable[[Table], Mapper[Any] | None]
+
+
+def _staged(session: Session) -> dict[SessionTransaction, dict[Engine, Staged]]:
+    return session.info.setdefault(_STAGED, {})  # type: ignore[no-any-return]
+
+
+def _owner(session: Session) -> SessionTransaction | None:
+    """The transaction that owns work done now: the innermost savepoint, else the root."""
+    return session.get_nested_transaction() or session.get_transaction()
+
+
+def _enclosing(trans: SessionTransaction) -> SessionTransaction | None:
+    """The savepoint or root transaction around ``trans`` (skipping flush subtransactions)."""
+    parent = trans.parent
+    while parent is not None and not parent.nested and parent.parent is not None:
+        parent = parent.parent
+    return parent
+
+
+def _identity(state: InstanceState[Any]) -> tuple[Any, ...]:
+    if state.identity is not None:
+        return tuple(state.identity)
+    return tuple(state.mapper.primary_key_from_instance(state.obj()))
+
+
+def _user_connection(session: Session, connection: Connection) -> bool:
+    """Whether ``connection`` was handed to the session (it joins a transaction it does not own)."""
+    if session.bind is connection:
+        return True
+    binds = getattr(session, "_Session__binds", None) or {}  # Session(binds={...}) values
+    return any(bind is connection for bind in binds.values())
+
+
+class SessionTracker:
+    """Session and connection listeners that write outbox jobs (see the module docstring).
+
+    Args:
+        hooks: What to call for discovery, outbox creation, leases and commits.
+    """
+
+    def __init__(self, hooks: StagingHooks) -> None:
+        self.hooks = hooks
+        self.listeners: dict[str, Callable[..., None]] = {
+            "after_begin": self.after_begin,
+            "before_flush": self.before_flush,
+            "after_flush": self.after_flush,
+            "after_flush_postexec": self.after_flush_postexec,
+            "after_commit": self.after_commit,
+            "after_transaction_end": self.after_transaction_end,
+        }
+        self._sessions: weakref.WeakKeyDictionary[Connection, weakref.ref[Session]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._pending: weakref.WeakKeyDictionary[Connection, list[_Plan]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def install(self, target: Any) -> None:
+        """Listen on ``target`` (a Session subclass or a Session)."""
+        for name, fn in self.listeners.items():
+            if not event.contains(target, name, fn):
+                event.listen(target, name, fn)
+
+    def remove(self, target: Any) -> None:
+        """Stop listening on ``target``."""
+        for name, fn in self.listeners.items():
+            if event.contains(target, name, fn):
+                event.remove(target, name, fn)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def after_begin(
+        self, session: Session, transaction: SessionTransaction, connection: Connection
+    ) -> None:
+        """Prepare a connection the session begins: outbox, statement listeners, gate."""
+        conns: dict[Engine, tuple[Connection, bool]] = session.info.setdefault(_CONNECTIONS, {})
+        engine = connection.engine
+        if engine not in conns:
+            joined = _user_connection(session, connection)
+            conns[engine] = (connection, joined)
+            self.hooks.begin(engine, connection, joined)
+        self.hooks.prepare(connection)
+        self._sessions[connection] = weakref.ref(session)
+        if not event.contains(connection, "before_execute", self.before_execute):
+            event.listen(connection, "before_execute", self.before_execute, retval=True)
+            event.listen(connection, "after_execute", self.after_execute)
+
+    def after_commit(self, session: Session) -> None:
+        """Move a released savepoint's jobs outward; keep a durable root commit's for its end."""
+        staged = session.info.get(_STAGED)
+        trans = _owner(session)
+        if not staged or trans is None:
+            return
+        mine = staged.pop(trans, None)
+        if not mine:
+            return
+        parent = _enclosing(trans)
+        if trans.nested and parent is not None:
+            into = staged.setdefault(parent, {})
+            for engine, part in mine.items():
+                into.setdefault(engine, Staged()).merge(part)
+            return
+        conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
+        durable = {}
+        for engine, part in mine.items():
+            conn, joined = conns.get(engine, (None, False))
+            if joined and conn is not None and conn.in_transaction():
+                continue  # an external transaction: it may still roll back; jobs wait in it
+            durable[engine] = part
+        session.info[_COMMITTED] = durable
+
+    def after_transaction_end(self, session: Session, trans: SessionTransaction) -> None:
+        """Forget what a transaction that did not commit still holds; release the gate; hand a
+        committed root's jobs over once its connections are back in the pool."""
+        session.info.pop(_FLUSHING, None)
+        staged = session.info.get(_STAGED)
+        if staged:
+            staged.pop(trans, None)
+        if trans.parent is None and not trans.nested:
+            for engine, (conn, joined) in session.info.pop(_CONNECTIONS, {}).items():
+                self.hooks.end(engine, conn, joined)
+            for engine, part in session.info.pop(_COMMITTED, {}).items():
+                self.hooks.on_commit(engine, part)
+
+    # -- flushes -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _semantic(
+        objs: Iterable[Any],
+    ) -> Iterable[tuple[InstanceState[Any], tuple[SemanticColumn, ...]]]:
+        for obj in objs:
+            state = inspect(obj)
+            columns = semantic_columns(state.mapper)
+            if columns:
+                yield state, columns
+
+    @staticmethod
+    def _check(state: InstanceState[Any], col: SemanticColumn) -> None:
+        value = state.dict.get(col.key)
+        if value is not None:
+            check_semantic_value(value, where=col.label)
+
+    def before_flush(self, session: Session, flush_context: UOWTransaction, instances: Any) -> None:
+        """Refuse values that cannot be indexed before any SQL is sent."""
+        session.info[_FLUSHING] = True
+        for state, columns in self._semantic(session.new):
+            for col in columns:
+                self._check(state, col)
+        for state, columns in self._semantic(session.dirty):
+            for col in columns:
+                if state.attrs[col.key].history.has_changes():
+                    self._check(state, col)
+
+    def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
+        """The flush is over: statements are the user's again."""
+        session.info.pop(_FLUSHING, None)
+
+    def after_flush(self, session: Session, flush_context: UOWTransaction) -> None:
+        """Write one job per changed semantic attribute, in the flush's transaction."""
+        if _owner(session) is None:
+            return
+        by_mapper: dict[Mapper[Any], list[JobKey]] = {}
+
+        def add(state: InstanceState[Any], col: SemanticColumn, key: str) -> None:
+            self.hooks.register(col)
+            by_mapper.setdefault(state.mapper, []).append(JobKey(col.table, col.name, key))
+
+        for state, columns in self._semantic(session.new):
+            key = row_key(state.mapper.primary_key_from_instance(state.obj()))
+            for col in columns:
+                add(state, col, key)
+        for state, columns in self._semantic(session.dirty):
+            key = row_key(state.mapper.primary_key_from_instance(state.obj()))
+            old = row_key(state.identity) if state.identity is not None else None
+            for col in columns:
+                if old is not None and old != key:  # primary key changed: old points go
+                    add(state, col, old)
+                    add(state, col, key)
+                elif state.attrs[col.key].history.has_changes():
+                    add(state, col, key)
+        for state, columns in self._semantic(session.deleted):
+            key = row_key(_identity(state))
+            for col in columns:
+                add(state, col, key)
+        for mapper, keys in by_mapper.items():
+            conn = session.connection(bind_arguments={"mapper": mapper})
+            self._stage(session, conn, keys)
+
+    def _stage(self, session: Session, conn: Connection, keys: Sequence[JobKey]) -> None:
+        if not keys:
+            return
+        owner = _owner(session)
+        if owner is None:  # pragma: no cover - a flush always runs in a transaction
+            return
+        conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
+        joined = conns.get(conn.engine, (None, False))[1]
+        token = None if joined else self.hooks.born_leased(conn)
+        jobs = outbox.enqueue(conn, keys, claimed_by=token, lease=self.hooks.lease)
+        part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
+        part.keys.update(keys)
+        part.ids.extend(job.id for job in jobs)
+        part.born.extend(job for job in jobs if token is not None and job.claimed_by == token)
+
+    # -- statements --------------------------------------------------------------------------
+
+    def _session_of(self, conn: Connection) -> Session | None:
+        ref = self._sessions.get(conn)
+        session = ref() if ref is not None else None
+        if session is None or session.info.get(_FLUSHING):
+            return None
+        return session
+
+    def before_execute(
+        self,
+        conn: Connection,
+        clauseelement: Any,
+        multiparams: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        execution_options: Mapping[str, Any],
+    ) -> tuple[Any, Sequence[Mapping[str, Any]], Mapping[str, Any]]:
+        """Plan the jobs of a DML statement on a semantic table: read keys before it runs."""
+        if not isinstance(clauseelement, UpdateBase) or self._session_of(conn) is None:
+            return clauseelement, multiparams, params
+        table = getattr(clauseelement, "table", None)
+        if table is None or not hasattr(table, "columns"):
+            return clauseelement, multiparams, params
+        semantic = [c for c in table.columns if isinstance(c.type, SemanticText)]
+        if not semantic:
+            return clauseelement, multiparams, params
+        rows = list(multiparams) if multiparams else [params] if params else [{}]
+        _check_values(clauseelement, rows, semantic, table)
+        plan = _plan(conn, clauseelement, rows, table, semantic)
+        if plan is None:
+            return clauseelement, multiparams, params
+        self._pending.setdefault(conn, []).append(plan)
+        return plan.statement, multiparams, params
+
+    def after_execute(
+        self,
+        conn: Connection,
+        clauseelement: Any,
+        multiparams: Any,
+        params: Any,
+        execution_options: Any,
+        result: Any,
+    ) -> None:
+        """Write the jobs a statement planned, now that it ran."""
+        pending = self._pending.get(conn)
+        if not pending:
+            return
+        plan = None
+        while pending:
+            candidate = pending.pop()
+            if candidate.statement is clauseelement:
+                plan = candidate
+                break
+        session = self._session_of(conn)
+        if plan is None or session is None:
+            return
+        keys = plan.keys(result)
+        mapper = self.hooks.mapper_for(plan.table)
+        columns = semantic_columns(mapper) if mapper is not None else ()
+        for col in columns:
+            self.hooks.register(col)
+        names = [c.name for c in plan.semantic]
+        self._stage(
+            session,
+            conn,
+            [JobKey(table_name(plan.table), name, key) for key in keys for name in names],
+        )
+
+
+# -- statement analysis -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The jobs one DML statement will need: keys read before, or returned after, it runs."""
+
+    statement: Any
+    table: Any
+    semantic: list[Any]
+    before: list[str]
+    returned: bool = False
+
+    def keys(self, result: Any) -> list[str]:
+        """Every key the statement touched (read before it, or returned by it)."""
+        keys = list(self.before)
+        if self.returned:
+            for row in result.inserted_primary_key_rows or []:
+                if row is not None and all(v is not None for v in row):
+                    keys.append(row_key(tuple(row)))
+        return list(dict.fromkeys(keys))
+
+
+def _check_values(
+    stmt: Any, rows: Sequence[Mapping[str, Any]], semantic: Sequence[Any], table: Any
+) -> None:
+    """Refuse values a statement would write to a semantic column that cannot be indexed."""
+    where = f"{table_name(table)}.{{}}"
+    values = _statement_values(stmt)
+    for col in semantic:
+        candidates = [r.get(col.key) for r in rows if col.key in r]
+        bound = values.get(col.key)
+        if isinstance(bound, BindParameter) and not callable(bound.value):
+            candidates.append(bound.value)
+        for value in candidates:
+            if value is not None and not isinstance(value, ColumnElement):
+                check_semantic_value(value, where=where.format(col.key))
+
+
+def _statement_values(stmt: Any) -> dict[str, Any]:
+    """The ``values()`` of a DML statement, by column key (SQLAlchemy keeps them privately)."""
+    raw = getattr(stmt, "_values", None) or {}
+    if isinstance(raw, Mapping):
+        items: Iterable[tuple[Any, Any]] = raw.items()
+    else:  # ordered_values(): a sequence of pairs
+        items = raw
+    return {getattr(k, "key", k): v for k, v in items}
+
+
+def _pk_binds(stmt: Any, table: Any) -> dict[str, str] | None:
+    """``{pk column key: bind name}`` when the WHERE clause pins every primary-key column."""
+    where = getattr(stmt, "whereclause", None)
+    if where is None:
+        return None
+    pk = {c.key for c in table.primary_key.columns}
+    found: dict[str, str] = {}
+    for node in visitors.iterate(where):
+        if isinstance(node, BinaryExpression) and node.operator is operators.eq:
+            left, right = node.left, node.right
+            if isinstance(right, BindParameter) and getattr(left, "key", None) in pk:
+                if getattr(getattr(left, "table", None), "name", None) == table.name:
+                    found[str(left.key)] = right.key
+    return found if set(found) == pk else None
+
+
+def _plan(
+    conn: Connection, stmt: Any, rows: list[Mapping[str, Any]], table: Any, semantic: list[Any]
+) -> _Plan | None:
+    pk_cols = list(table.primary_key.columns)
+    if not pk_cols:
+        raise ConfigurationError(
+            f"{table_name(table)} has a SemanticText column but no primary key: its rows cannot "
+            "be named in the index"
+        )
+    if isinstance(stmt, Insert):
+        return _plan_insert(conn, stmt, rows, table, semantic, pk_cols)
+    values = _statement_values(stmt)
+    if isinstance(stmt, Update):
+        changed = set(values) | {k for r in rows for k in r}
+        relevant = {c.key for c in semantic} | {c.key for c in pk_cols}
+        if not changed & relevant:
+            return None  # other columns only: nothing to sync
+    moved = [c for c in pk_cols if c.key in values or any(c.key in r for r in rows)]
+    moves = isinstance(stmt, Update) and bool(moved)
+    binds = _pk_binds(stmt, table)
+    keys: list[str] = []
+    if binds is not None and not moves and any(r for r in rows):
+        # executemany by primary key (bulk updates): the keys are in the parameters
+        for r in rows:
+            if all(b in r for b in binds.values()):
+                keys.append(row_key(tuple(r[binds[c.key]] for c in pk_cols)))
+            else:
+                keys.extend(_read_keys(conn, stmt, r, pk_cols, table, values, moves))
+    else:
+        for r in rows:
+            keys.extend(_read_keys(conn, stmt, r, pk_cols, table, values, moves))
+    return _Plan(stmt, table, semantic, keys)
+
+
+def _read_keys(
+    conn: Connection,
+    stmt: Any,
+    params: Mapping[str, Any],
+    pk_cols: list[Any],
+    table: Any,
+    values: Mapping[str, Any],
+    moves: bool,
+) -> list[str]:
+    """The keys of the rows an update or delete will touch (and, for an update that changes
+    the primary key, the keys it will give them), read in the same transaction before it runs."""
+    new: list[Any] = []
+    if moves:
+        for c in pk_cols:
+            if c.key in params:
+                new.append(BindParameter(None, params[c.key], type_=c.type))
+            elif c.key in values:
+                new.append(values[c.key])
+            else:
+                new.append(c)
+    query = select(*pk_cols, *new)
+    where = getattr(stmt, "whereclause", None)
+    if where is not None:
+        query = query.where(where)
+    keys: list[str] = []
+    n = len(pk_cols)
+    for row in conn.execute(query, dict(params)):
+        keys.append(row_key(tuple(row)[:n]))
+        if moves:
+            keys.append(row_key(tuple(row)[n:]))
+    return keys
+
+
+def _plan_insert(
+    conn: Connection,
+    stmt: Insert,
+    rows: list[Mapping[str, Any]],
+    table: Any,
+    semantic: list[Any],
+    pk_cols: list[Any],
+) -> _Plan:
+    values = _statement_values(stmt)
+    name = table_name(table)
+    if getattr(stmt, "_select_names", None):
+        raise ConfigurationError(
+            f"insert into {name} from a SELECT cannot be synced to the semantic index: its new "
+            "rows' keys are unknown. Insert the rows with session.add_all() or "
+            "session.execute(insert(...), [rows]), or run semantic-orm reconcile afterwards"
+        )
+    if getattr(stmt, "_multi_values", None):
+        keyed = [
+            {getattr(k, "key", k): v for k, v in p.items()}
+            if isinstance(p, Mapping)
+            else {c.key: v for c, v in zip(table.columns, p, strict=False)}
+            for group in stmt._multi_values
+            for p in group
+        ]
+        if all(all(_literal(r.get(c.key)) is not None for c in pk_cols) for r in keyed):
+            given = [row_key(tuple(_literal(r[c.key]) for c in pk_cols)) for r in keyed]
+            return _Plan(stmt, table, semantic, given)
+        raise ConfigurationError(
+            f"insert into {name} with a multi-row values() and no primary keys cannot be synced "
+            "to the semantic index: pass the primary keys, or the rows as parameters: "
+            "session.execute(insert(...), [dict(...), ...])"
+        )
+    keys: list[str] = []
+    known = True
+    for r in rows:
+        found = []
+        for c in pk_cols:
+            value = r.get(c.key, _literal(values.get(c.key)))
+            found.append(value)
+        if all(v is not None for v in found):
+            keys.append(row_key(tuple(found)))
+        else:
+            known = False
+    if known:
+        return _Plan(stmt, table, semantic, keys)
+    if getattr(stmt, "_return_defaults", False):  # the caller asked for the keys already
+        return _Plan(stmt, table, semantic, [], returned=True)
+    if getattr(stmt, "_returning", ()) or not conn.dialect.insert_returning:
+        raise ConfigurationError(
+            f"insert into {name}, which has SemanticText columns, without primary key values "
+            "cannot be synced to the index (its new keys cannot be read back here): use "
+            "session.add_all(), or pass the primary keys"
+        )
+    return _Plan(stmt.return_defaults(*pk_cols), table, semantic, [], returned=True)
+
+
+def _literal(value: Any) -> Any:
+    """The Python value of a bound literal (``None`` for SQL expressions and missing values)."""
+    if isinstance(value, BindParameter):
+        return None if callable(value.value) else value.value
+    if isinstance(value, ColumnElement):
+        return None
+    return value

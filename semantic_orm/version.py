@@ -1,0 +1,3 @@
+"""The library version (a leaf module, so that any module may import it)."""
+
+__version__ = "0.1.0"

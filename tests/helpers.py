@@ -1,0 +1,134 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from semantic_orm import EmbeddingError, outbox
+from semantic_orm.applying import text_hash
+from semantic_orm.mapping import row_key, semantic_columns
+from semantic_orm.stores.base import PointPayload
+from semantic_orm.testing import HashEmbedder
+
+from .models import Article
+
+COLL = "article__content"
+
+
+def jobs(engine: Engine) -> list[dict[str, Any]]:
+    """The outbox rows, oldest first (empty if the table was never created)."""
+    if not sa_inspect(engine).has_table(outbox.OUTBOX_TABLE):
+        return []
+    with engine.connect() as conn:
+        rows = conn.execute(select(outbox.outbox).order_by(outbox.outbox.c.id))
+        return [dict(r._mapping) for r in rows]
+
+
+def pending(engine: Engine) -> list[dict[str, Any]]:
+    """Outbox rows that are not dead-lettered."""
+    return [j for j in jobs(engine) if not j["dead"]]
+
+
+def payloads(store: Any, pk: Any, collection: str = COLL) -> list[dict[str, Any]]:
+    """A row's point payloads, by chunk index."""
+    key = row_key(pk if isinstance(pk, tuple) else (pk,))
+    return sorted(
+        (dict(p.payload) for p in store.points(collection, key)), key=lambda p: p["chunk_index"]
+    )
+
+
+def expected_points(model: Any, attr: str, text: str | None) -> list[tuple[int, int, int, int]]:
+    """(index, start, end, total) of the chunks ``text`` must have for ``model.attr``."""
+    if not text:
+        return []
+    (col,) = [c for c in semantic_columns(sa_inspect(model)) if c.key == attr]
+    chunker = col.settings.make_chunker()
+    return [(c.index, c.start_offset, c.end_offset, c.total_chunks) for c in chunker.chunk(text)]
+
+
+def assert_index_matches_database(
+    engine: Engine,
+    store: Any,
+    model: Any = Article,
+    attr: str = "content",
+    collection: str = COLL,
+) -> int:
+    """Every row's points are exactly its current text's chunks, with that text; nothing else.
+
+    Returns the number of points.
+    """
+    mapper = sa_inspect(model)
+    column = getattr(model, attr)
+    with engine.connect() as conn:
+        rows = {
+            row_key(tuple(r)[:-1]): r[-1] for r in conn.execute(select(*mapper.primary_key, column))
+        }
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for point in store.points(collection):
+        by_row.setdefault(str(point.payload["pk"]), []).append(dict(point.payload))
+    total = 0
+    for key, text in rows.items():
+        found = sorted(by_row.pop(key, []), key=lambda p: p["chunk_index"])
+        want = expected_points(model, attr, text)
+        got = [
+            (p["chunk_index"], p["start_offset"], p["end_offset"], p["total_chunks"]) for p in found
+        ]
+        assert got == want, f"row {key}: points {got} != chunks {want}"
+        for p in found:
+            piece = (text or "")[p["start_offset"] : p["end_offset"]]
+            assert p[PointPayload.CHUNK_HASH_KEY] == text_hash(piece), f"row {key}: stale text"
+        total += len(want)
+    assert not by_row, f"points of rows absent from SQL: {sorted(by_row)[:5]}"
+    assert store.count(collection) == total
+    return total
+
+
+class PoisonEmbedder(HashEmbedder):
+    """Fails, permanently, on any batch holding the word POISON."""
+
+    def encode(self, texts: Any) -> Any:
+        if any("POISON" in t for t in texts):
+            raise EmbeddingError("this text poisons the model")
+        return super().encode(texts)
+
+
+def points_of(index: Any, pk: Any, collection: str = COLL) -> list[dict[str, Any]]:
+    """A row's point payloads in ``index``'s store, by chunk index."""
+    return payloads(index.store, pk, collection)
+
+
+def pysqlite_recipe(engine: Engine) -> Engine:
+    """SQLAlchemy's documented pysqlite recipe: driver-level transactions off, an explicit BEGIN.
+
+    Without it a SAVEPOINT opened first in a transaction is committed by its RELEASE, and a later
+    ROLLBACK undoes nothing.
+    """
+
+    @sa.event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @sa.event.listens_for(engine, "begin")
+    def _explicit_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+WORDS = [
+    "harbor", "glacier", "violin", "orchard", "comet", "lantern", "meadow", "falcon", "quartz",
+    "saffron", "tundra", "walnut", "zephyr", "basalt", "cobalt", "dune", "ember", "fjord",
+    "geyser", "hazel", "iris", "jasper", "kelp", "lagoon",
+]  # fmt: skip
+
+
+def doc_text(i: int) -> str:
+    """A few hundred characters whose rare word identifies row ``i``."""
+    word = WORDS[i]
+    filler = " ".join(f"common{j} words repeated here" for j in range(8))
+    return f"{word} {word} appears in the opening. {filler}. The closing mentions {word} again."

@@ -1,0 +1,260 @@
+"""The index as installed in an application: what it installs on, where its outbox goes, and
+how its commits sync (inline, after a durable commit; never inside a transaction it does not own).
+
+SQLite (files and memory) and PostgreSQL, both store adapters, the fake embedder.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from semantic_orm import (
+    ConfigurationError,
+    SemanticIndex,
+    signals,
+)
+from semantic_orm.testing import HashEmbedder, MemoryStore
+
+from .helpers import (
+    COLL,
+    jobs,
+    pending,
+    points_of,
+    pysqlite_recipe,
+)
+from .models import Article, Base, Note
+
+LONG = "\n\n".join(
+    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
+    for i in range(12)
+)
+
+
+def test_install_is_explicit_scoped_and_removable(
+    engine: Any, index: SemanticIndex, hash_embedder: HashEmbedder
+) -> None:
+    from .models import Base
+
+    Base.metadata.create_all(engine)
+    plain_factory = sessionmaker(engine)
+    synced_factory = sessionmaker(engine)
+    index.install(synced_factory)
+    index.install(synced_factory)  # twice is harmless
+    with plain_factory() as s:
+        s.add(Article(title="a", content="never indexed"))
+        s.commit()
+    assert index.store.count(COLL) == 0
+    with synced_factory() as s:
+        s.add(Article(title="b", content="indexed once"))
+        s.commit()
+    assert index.store.count(COLL) == 1
+    assert hash_embedder.texts_encoded == 1
+    index.uninstall(synced_factory)
+    with synced_factory() as s:
+        s.add(Article(title="c", content="after uninstall"))
+        s.commit()
+    assert index.store.count(COLL) == 1
+    # a single Session can be tracked too
+    with OrmSession(engine) as s:
+        index.install(s)
+        s.add(Article(title="d", content="single session"))
+        s.commit()
+        index.uninstall(s)
+    assert index.store.count(COLL) == 2
+
+
+def test_another_index_on_the_same_factory_is_refused(
+    engine: Any, index: SemanticIndex, store: Any
+) -> None:
+
+    factory = sessionmaker(engine)
+    index.install(factory)
+    with pytest.raises(ConfigurationError, match="already installed"):
+        SemanticIndex(store=store, embedder=HashEmbedder()).install(factory)
+    index.uninstall(factory)
+
+
+def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) -> None:
+    idx, factory = installed(flaky=True, retry_base=0.01)
+    flaky = idx.store
+    failures: list[dict[str, Any]] = []
+
+    def on_fail(sender: Any, **kw: Any) -> None:
+        failures.append({"sender": sender, **kw})
+
+    with signals.sync_failed.connected_to(on_fail):
+        flaky.down = True
+        with factory() as s:
+            art = Article(title="t", content=LONG)
+            s.add(art)
+            s.commit()  # does not raise
+        with factory() as s:
+            assert s.get(Article, art.id) is not None
+        (job,) = jobs(engine)
+        assert job["row_pk"] == str(art.id) and job["attempts"] == 1 and not job["dead"]
+        assert "unreachable" in job["last_error"]
+        assert failures and failures[0]["sender"] is Article
+        assert failures[0]["pks"] == [str(art.id)]
+        flaky.down = False
+        idx.drain(engine, timeout=10)
+    assert jobs(engine) == []
+    assert len(points_of(idx, art.id)) > 1
+    with factory() as s:
+        (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
+        assert hit.obj.id == art.id
+
+
+def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
+    engine: Any, installed: Any
+) -> None:
+    idx, factory = installed(flaky=True)
+    flaky = idx.store
+    with factory() as s:
+        art = Article(title="t", content=LONG)
+        s.add(art)
+        flaky.down = True
+        s.commit()
+        assert len(jobs(engine)) == 1
+        flaky.down = False
+        art.content = "newest content"
+        s.commit()
+    assert jobs(engine) == []
+    (only,) = points_of(idx, art.id)
+    assert only["end_offset"] == len("newest content")
+
+
+def _memory_engine(pool: Any) -> Engine:
+    if pool is StaticPool:
+        return pysqlite_recipe(
+            sa.create_engine(
+                "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
+            )
+        )
+    return pysqlite_recipe(sa.create_engine("sqlite://"))  # SingletonThreadPool
+
+
+@pytest.mark.parametrize("pool", [StaticPool, None], ids=["static", "singleton"])
+def test_in_memory_sqlite_and_the_external_transaction_recipe(pool: Any) -> None:
+    engine = _memory_engine(pool)
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    idx.install(OrmSession)  # the class the recipe's sessions use
+    try:
+        for _ in range(2):  # the second round finds no outbox created by the first
+            conn = engine.connect()
+            outer = conn.begin()
+            s = OrmSession(bind=conn, join_transaction_mode="create_savepoint")
+            s.add(Article(id=1, title="t", content="rolled back with the test"))
+            s.commit()
+            nested = s.begin_nested()
+            s.add(Article(id=2, title="t", content="in a savepoint"))
+            nested.rollback()
+            s.close()
+            outer.rollback()
+            conn.close()
+            assert idx.store.count(COLL) == 0
+        with OrmSession(engine) as s:  # a real commit still works, and syncs
+            s.add(Article(id=3, title="t", content="committed for real"))
+            s.commit()
+        assert idx.store.count(COLL) == 1
+    finally:
+        idx.uninstall(OrmSession)
+
+
+def test_joined_external_transaction_on_a_server(engine: Engine, store: Any) -> None:
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(join_transaction_mode="create_savepoint")
+    idx.install(factory)
+    conn = engine.connect()
+    outer = conn.begin()
+    with factory(bind=conn) as s:
+        s.add(Article(id=1, title="t", content="never committed"))
+        s.commit()
+    outer.rollback()
+    conn.close()
+    idx.drain(engine, timeout=10)
+    assert store.count(COLL) == 0 and jobs(engine) == []
+    idx.uninstall(factory)
+
+
+@pytest.mark.postgres
+def test_concurrent_first_commits_on_a_fresh_database(postgresql_url: Any) -> None:
+    engine = sa.create_engine(postgresql_url, pool_size=10)
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(), mode="deferred")
+    factory = sessionmaker()  # unbound: the outbox is created at first use
+    idx.install(factory)
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def commit(i: int) -> None:
+        try:
+            start.wait()
+            with factory(bind=engine) as s:
+                s.add(Article(id=i, title="t", content=f"row {i}"))
+                s.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(1, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(jobs(engine)) == 6
+    idx.uninstall(factory)
+    engine.dispose()
+
+
+def test_per_model_binds(tmp_path: Any, pg_url: Any, store: Any) -> None:
+    first = sa.create_engine(f"sqlite:///{tmp_path / 'a.sqlite3'}")
+    second = sa.create_engine(f"sqlite:///{tmp_path / 'b.sqlite3'}")
+    Article.__table__.create(first)
+    Note.__table__.create(second)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(binds={Article: first, Note: second})
+    idx.install(factory)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="an article"))
+        s.add(Note(slug="n", summary="a note", body="its body"))
+        s.commit()
+    assert jobs(first) == [] and jobs(second) == []
+    assert store.count(COLL) == 1 and store.count("note__body") == 1
+    idx.uninstall(factory)
+
+
+def test_inline_commit_of_many_rows(installed: Any) -> None:
+    idx, factory = installed()
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"row number {i}") for i in range(1, 1501))
+        s.commit()
+    engine = factory.kw["bind"]
+    assert pending(engine) == []
+    assert idx.store.count(COLL) == 1500
+
+
+def test_inline_mode_retries_by_itself(installed: Any) -> None:
+    idx, factory = installed(flaky=True, retry_base=0.05)
+    engine = factory.kw["bind"]
+    idx.store.down = True
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="waits for the store"))
+        s.commit()
+    assert len(jobs(engine)) == 1
+    idx.store.down = False
+    deadline = time.monotonic() + 20
+    while jobs(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert jobs(engine) == []  # no worker, no drain, no later commit
+    assert idx.store.count(COLL) == 1

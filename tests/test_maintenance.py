@@ -1,0 +1,140 @@
+"""Maintenance: ``reindex`` (backfill), ``reconcile`` (writes no session saw) and ``status``.
+
+SQLite and PostgreSQL, both store adapters, the fake embedder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from semantic_orm import (
+    SemanticIndex,
+)
+from semantic_orm.maintenance import reconcile, reindex, status
+from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
+
+from .helpers import (
+    assert_index_matches_database,
+    jobs,
+    pending,
+)
+from .models import Article, Base, Comment
+
+
+@pytest.fixture
+def tables(engine: Engine) -> Engine:
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def test_reindex_backfills_rows_saved_without_the_index(
+    tables: Engine, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = sessionmaker(tables)
+    with plain() as s:
+        s.add_all(Article(title=f"t{i}", content=f"row {i} about lakes") for i in range(25))
+        s.commit()
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    (before,) = [c for c in status(idx, tables) if c.column == "Article.content"]
+    assert (before.rows, before.indexed_rows) == (25, 0)
+    queued = reindex(idx, Article, tables, batch_size=10, process=False)  # "interrupted"
+    assert queued == 25 and len(jobs(tables)) == 25
+    idx.process(tables, limit=10)
+    assert reindex(idx, Article, tables, batch_size=10, progress=True) == 15  # resumes
+    err = capsys.readouterr().err
+    assert "queue Article.content" in err and "row/s" in err
+    idx.drain(tables, timeout=30)
+    (after,) = [c for c in status(idx, tables) if c.column == "Article.content"]
+    assert (after.rows, after.indexed_rows, after.pending_jobs) == (25, 25, 0)
+    assert_index_matches_database(tables, store)
+
+
+@pytest.fixture
+def cascading(engine: Engine) -> Engine:
+    if engine.dialect.name == "sqlite":
+
+        @sa.event.listens_for(engine, "connect")
+        def _fk(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+    return engine
+
+
+def test_reconcile_converges_raw_sql_and_database_cascades(
+    cascading: Engine, store: Any, hash_embedder: HashEmbedder
+) -> None:
+    Base.metadata.create_all(cascading)
+    idx = SemanticIndex(store=store, embedder=hash_embedder)
+    factory = sessionmaker(cascading)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"article {i} about lakes") for i in range(1, 7))
+        s.add_all(Comment(id=i, article_id=i, body=f"comment {i} on rivers") for i in range(1, 7))
+        s.commit()
+    with cascading.begin() as conn:  # writes no session sees
+        conn.execute(text("UPDATE article SET content = 'rewritten by raw sql' WHERE id = 1"))
+        conn.execute(
+            text("INSERT INTO article (id, title, lang, content) VALUES (9, 't', 'en', 'raw')")
+        )
+        conn.execute(text("DELETE FROM article WHERE id = 2"))  # cascades to comment 2
+        conn.execute(text("UPDATE article SET content = NULL WHERE id = 3"))
+    reports = {r.column: r for r in reconcile(idx, None, cascading)}
+    art, com = reports["Article.content"], reports["Comment.body"]
+    assert (art.changed, art.missing, art.emptied, art.orphans) == (1, 1, 1, 1)
+    assert com.orphans == 1 and com.in_sync == 5
+    assert_index_matches_database(cascading, store)
+    assert_index_matches_database(cascading, store, Comment, "body", "comment__body")
+    again = {r.column: r for r in reconcile(idx, Article, cascading)}
+    assert again["Article.content"].queued == 0 and not again["Article.content"].resumed
+    idx.uninstall(factory)
+
+
+class _FailsAfter(FlakyStore):
+    """Scrolling fails after ``budget`` pages: a reconcile interrupted half-way."""
+
+    def __init__(self, inner: Any, budget: int) -> None:
+        super().__init__(inner)
+        self.budget = budget
+
+    def scroll(self, *args: Any, **kwargs: Any) -> Any:
+        self.budget -= 1
+        if self.budget < 0:
+            raise RuntimeError("interrupted")
+        return super().scroll(*args, **kwargs)
+
+
+def test_reconcile_resumes_after_an_interruption(
+    engine: Engine, hash_embedder: HashEmbedder
+) -> None:
+    Base.metadata.create_all(engine)
+    inner = MemoryStore()
+    idx = SemanticIndex(store=inner, embedder=hash_embedder)
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"row {i}") for i in range(1, 41))
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE article SET content = content || ' edited'"))
+    idx.uninstall(factory)
+    flaky = _FailsAfter(inner, budget=2)
+    broken = SemanticIndex(store=flaky, embedder=hash_embedder, models=Article)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        reconcile(broken, Article, engine, batch_size=10, process=False)
+    queued_before = len(pending(engine))
+    assert 0 < queued_before < 40
+    (report,) = reconcile(
+        broken.__class__(store=inner, embedder=hash_embedder, models=Article),
+        Article,
+        engine,
+        batch_size=10,
+    )
+    assert report.resumed and report.changed + queued_before >= 40
+    assert pending(engine) == []
+    assert_index_matches_database(engine, inner)

@@ -1,0 +1,177 @@
+"""The outbox on its own: jobs, leases, settling, dead letters and checkpoints, on a connection.
+
+SQLite and PostgreSQL; no store, no embedder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from semantic_orm import outbox
+from semantic_orm.exc import EmbeddingError, VectorStoreError
+from semantic_orm.outbox import JobKey
+
+from .helpers import jobs
+
+K1, K2 = JobKey("article", "content", "1"), JobKey("article", "content", "2")
+
+
+@pytest.fixture
+def tables(engine: Engine) -> Engine:
+    with engine.begin() as conn:
+        outbox.create_tables(conn)
+    return engine
+
+
+def test_enqueue_returns_the_jobs_and_leases_free_rows_only(tables: Engine) -> None:
+    with tables.begin() as conn:
+        (first,) = outbox.enqueue(conn, [K1], claimed_by="a", lease=60)
+        assert first.claimed_by == "a" and first.key == K1
+        born = outbox.enqueue(conn, [K1, K2], claimed_by="b", lease=60)
+    # K1 is leased to "a": the new job waits, unclaimed; K2 was free
+    assert [(j.key, j.claimed_by) for j in born] == [(K1, None), (K2, "b")]
+    assert [j["id"] for j in jobs(tables)] == [first.id, *(j.id for j in born)]
+
+
+def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(tables: Engine) -> None:
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1, K2])
+        (taken,) = outbox.claim(conn, token="a", lease=60, limit=1)
+    assert taken.key == K1
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1])  # a newer change of the row "a" is syncing
+        again = outbox.claim(conn, token="b", lease=60, limit=10)
+    assert [j.key for j in again] == [K2]  # K1 waits until "a" settles, whoever asks
+    with tables.begin() as conn:
+        assert outbox.claim(conn, token="a", lease=60, limit=10) == []
+
+
+def test_settling_supersedes_older_jobs_and_clears_dead_ones(tables: Engine) -> None:
+    with tables.begin() as conn:
+        old, dead = outbox.enqueue(conn, [K1, K1])
+        outbox.settle_failed(
+            conn, [], EmbeddingError("x"), token="t", permanent=True, retry_in=0, max_failures=1
+        )
+        conn.execute(outbox.outbox.update().where(outbox.outbox.c.id == dead.id).values(dead=True))
+        newest = outbox.enqueue(conn, [K1, K2], claimed_by="t", lease=60)
+    with tables.begin() as conn:
+        lost = outbox.settle_done(conn, [j for j in newest if j.claimed_by], token="t")
+    assert lost == []
+    assert [j["row_pk"] for j in jobs(tables)] == []  # older and dead jobs of K1 went too
+    del old
+
+
+def test_a_lost_lease_is_reported(tables: Engine) -> None:
+    with tables.begin() as conn:
+        (job,) = outbox.enqueue(conn, [K1], claimed_by="slow", lease=60)
+        conn.execute(outbox.outbox.update().values(claimed_by="other"))  # expired and retaken
+        assert outbox.settle_done(conn, [job], token="slow") == [K1]
+    assert len(jobs(tables)) == 1  # the other processor's job is untouched
+
+
+def test_failures_back_off_and_only_permanent_ones_bury(tables: Engine) -> None:
+    down = VectorStoreError("unreachable")
+    poison = EmbeddingError("poison")
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1])
+    for error, permanent in [(down, False), (down, False), (poison, True), (poison, True)]:
+        with tables.begin() as conn:
+            claimed = outbox.claim(conn, token="t", lease=60, limit=1)
+            dead = outbox.settle_failed(
+                conn, claimed, error, token="t", permanent=permanent, retry_in=0, max_failures=2
+            )
+    (row,) = jobs(tables)
+    assert dead == 1 and row["dead"] and row["attempts"] == 4 and row["failures"] == 2
+    assert row["last_error"] == "EmbeddingError: poison" and row["claimed_by"] is None
+    with tables.begin() as conn:
+        assert outbox.requeue_dead(conn, "article", "content", "2") == 0
+        assert outbox.requeue_dead(conn, "article", "content", "1") == 1
+    (row,) = jobs(tables)
+    assert not row["dead"] and row["failures"] == 0
+
+
+def test_leases_of_processes_that_died_here_are_released(tables: Engine) -> None:
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_token = f"{socket.gethostname()[:40]}:{int(gone.stdout)}:x"
+    alive_token = f"{socket.gethostname()[:40]}:1:x"  # init never dies
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1], claimed_by=dead_token, lease=600)
+        outbox.enqueue(conn, [K2], claimed_by=alive_token, lease=600)
+        assert outbox.orphaned_tokens(conn) == [dead_token]
+        assert outbox.release(conn, [dead_token]) == 1
+        assert [j.key for j in outbox.claim(conn, token="new", lease=60, limit=10)] == [K1]
+
+
+def test_counts_errors_and_pending_describe_the_queue(tables: Engine) -> None:
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1, K2])
+        claimed = outbox.claim(conn, token="t", lease=60, limit=1)
+        outbox.settle_failed(
+            conn,
+            claimed,
+            VectorStoreError("down"),
+            token="t",
+            permanent=False,
+            retry_in=60,
+            max_failures=5,
+        )
+    with tables.connect() as conn:
+        counts = outbox.counts(conn)[("article", "content")]
+        assert (counts["pending"], counts["retrying"], counts["dead"]) == (2, 1, 0)
+        (error,) = outbox.errors(conn)
+        assert error["state"] == "retrying" and error["error"] == "VectorStoreError: down"
+        assert [p["row_pk"] for p in outbox.pending(conn)] == ["2", "1"]  # next due first
+        assert outbox.next_due(conn) is not None and outbox.has_due(conn)
+
+
+def test_checkpoints_are_read_written_and_cleared(tables: Engine) -> None:
+    with tables.begin() as conn:
+        assert outbox.checkpoint(conn, "pass") is None
+        outbox.checkpoint(conn, "pass", '{"after": "41"}')
+        outbox.checkpoint(conn, "pass", '{"after": "42"}')
+    with tables.begin() as conn:
+        assert outbox.checkpoint(conn, "pass") == '{"after": "42"}'
+        outbox.checkpoint(conn, "pass", "")
+        assert outbox.checkpoint(conn, "pass") is None
+
+
+def test_an_outbox_from_an_older_version_is_upgraded(engine: Engine) -> None:
+    old = sa.Table(  # the first release's outbox: no failures, no leases
+        outbox.OUTBOX_TABLE,
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("table_name", sa.String(255), nullable=False),
+        sa.Column("column_name", sa.String(255), nullable=False),
+        sa.Column("row_pk", sa.Text, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("last_error", sa.Text),
+        sa.Column("dead", sa.Boolean, nullable=False),
+        sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    with engine.begin() as conn:
+        old.create(conn)
+        conn.execute(
+            old.insert().values(
+                table_name="article",
+                column_name="content",
+                row_pk="1",
+                attempts=0,
+                dead=False,
+                next_attempt_at=dt.datetime.now(dt.UTC),
+                created_at=dt.datetime.now(dt.UTC),
+            )
+        )
+    with engine.begin() as conn:
+        outbox.create_tables(conn)
+    (row,) = jobs(engine)
+    assert row["failures"] == 0 and row["claimed_by"] is None

@@ -1,0 +1,159 @@
+"""Applying: chunk, fit, diff, embed and write each row's current text (the save path's end).
+
+Exact offsets, incremental re-embedding (an edited paragraph embeds only its chunks, moved
+chunks keep their vectors), a settings change re-embeds, very large texts, and the signals.
+Plumbing tests on SQLite and PostgreSQL and on both store adapters, with the fake embedder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import sessionmaker
+
+from semantic_orm import EdgeStore, SemanticIndex, signals
+from semantic_orm.maintenance import reindex
+from semantic_orm.testing import HashEmbedder
+
+from .helpers import COLL, assert_index_matches_database, points_of
+from .models import Article, Base
+
+LONG = "\n\n".join(
+    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
+    for i in range(12)
+)
+
+
+def test_insert_syncs_chunks_with_exact_offsets(
+    Session: sessionmaker[OrmSession], index: SemanticIndex
+) -> None:
+    with Session() as s:
+        art = Article(title="t", content=LONG)
+        s.add(art)
+        s.commit()
+        pts = points_of(index, art.id)
+    assert len(pts) > 3
+    assert [p["chunk_index"] for p in pts] == list(range(len(pts)))
+    for p in pts:
+        assert p["table"] == "article" and p["column"] == "content" and p["pk"] == str(art.id)
+        assert p["total_chunks"] == len(pts)
+        assert 0 < p["end_offset"] - p["start_offset"] <= 200
+    assert pts[0]["start_offset"] == 0
+    assert pts[-1]["end_offset"] == len(LONG.rstrip())
+
+
+def test_ten_megabyte_text(Session: sessionmaker[OrmSession], index: SemanticIndex) -> None:
+    if not isinstance(index.store, EdgeStore):
+        pytest.skip("qdrant-client's local mode is a brute-force test double; Edge is the engine")
+    big = ("Une phrase en français, avec des accents: été, où, Noël. " * 40 + "\n\n") * 4400
+    assert len(big) > 10_000_000
+    with Session() as s:
+        art = Article(title="big", content=big)
+        s.add(art)
+        s.commit()
+        total = index.store.count(COLL)
+        assert total > len(big) // 200
+        sample = points_of(index, art.id)[1234]
+        assert big[sample["start_offset"] : sample["end_offset"]].strip() != ""
+
+
+def test_signals_carry_model_and_payload(
+    Session: sessionmaker[OrmSession], index: SemanticIndex
+) -> None:
+    seen: dict[str, list[dict[str, Any]]] = {
+        "chunked": [],
+        "embedded": [],
+        "synced": [],
+        "searched": [],
+    }
+
+    def recorder(name: str) -> Any:
+        def receive(sender: Any, **kw: Any) -> None:
+            seen[name].append({"sender": sender, **kw})
+
+        return receive
+
+    receivers = {name: recorder(name) for name in seen}
+    for name, fn in receivers.items():
+        getattr(signals, name).connect(fn)
+    try:
+        with Session() as s:
+            art = Article(title="t", content=LONG)
+            s.add(art)
+            s.commit()
+            hits = Article.semantic_search(s, "topic number 3", limit=1)
+            s.delete(art)
+            s.commit()
+    finally:
+        for name, fn in receivers.items():
+            getattr(signals, name).disconnect(fn)
+    (chunked,) = seen["chunked"]
+    assert chunked["sender"] is Article and chunked["column"] == "content"
+    assert chunked["pk"] == str(art.id) and len(chunked["chunks"]) > 1
+    (embedded,) = seen["embedded"]
+    assert embedded["count"] == len(chunked["chunks"]) and embedded["model"] == "hash-embedder"
+    assert [s["upserted"] for s in seen["synced"]] == [[str(art.id)], []]
+    assert seen["synced"][1]["deleted"] == [str(art.id)]
+    (searched,) = seen["searched"]
+    assert searched["sender"] is Article and searched["query"] == "topic number 3"
+    assert searched["hits"] == hits
+
+
+@pytest.fixture
+def tables(engine: Engine) -> Engine:
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def test_editing_one_paragraph_embeds_only_its_chunks(tables: Engine, store: Any) -> None:
+    embedder = HashEmbedder()
+    idx = SemanticIndex(store=store, embedder=embedder)
+    factory = sessionmaker(tables, expire_on_commit=False)
+    idx.install(factory)
+    paras = [f"Paragraph {i} says something about topic {i} and item {i}." for i in range(120)]
+    with factory() as s:
+        art = Article(title="long", content="\n\n".join(paras))
+        s.add(art)
+        s.commit()
+        total = store.count(COLL)
+        assert total >= 30
+        first = embedder.texts_encoded
+        paras[60] = "Paragraph 60 now says something entirely different."
+        art.content = "\n\n".join(paras)
+        s.commit()
+        assert embedder.texts_encoded - first <= 3  # the chunk(s) touching it, with overlap
+        before = embedder.texts_encoded
+        art.content = "A new opening paragraph.\n\n" + art.content  # every chunk moves
+        s.commit()
+        moved = embedder.texts_encoded - before
+        assert moved <= 3  # moved chunks keep their vectors: payload updates only
+    assert_index_matches_database(tables, store)
+    # the vectors of moved chunks are the ones their text would get
+    hit = Article.semantic_search(factory(), "Paragraph 45 topic 45 item 45", limit=1, index=idx)
+    assert "Paragraph 45" in hit[0].chunk.text
+    # moved points are rewritten with keyword vectors recomputed from their text
+    kw = Article.semantic_search(
+        factory(), "entirely different", limit=1, group_by="chunk", mode="keyword", index=idx
+    )
+    assert "entirely different" in kw[0].chunk.text
+
+
+def test_reindexing_unchanged_rows_embeds_nothing(tables: Engine, store: Any) -> None:
+    embedder = HashEmbedder()
+    idx = SemanticIndex(store=store, embedder=embedder)
+    factory = sessionmaker(tables, expire_on_commit=False)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(
+            Article(title="t", content="\n\n".join(f"Para {i} of {n}." for i in range(30)))
+            for n in range(3)
+        )
+        s.commit()
+    before = embedder.texts_encoded
+    assert reindex(idx, Article, tables, all_rows=True) == 3
+    assert embedder.texts_encoded == before  # same text, same settings: every vector reused
+    assert_index_matches_database(tables, store)
+    idx.uninstall(factory)

@@ -1,0 +1,391 @@
+"""Processing: claim, read, apply, settle; workers, retries, dead letters, crashes, concurrency.
+
+Every test breaks something on purpose (a poison row, an outage, a refused write, a SIGKILL,
+racing writers and workers, steady SQLite traffic) and checks that nothing is lost: once the
+workers have drained, the database and the index agree. SQLite and PostgreSQL (the concurrency
+test on PostgreSQL only), both store adapters, the fake embedder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+
+from semantic_orm import (
+    EdgeStore,
+    QdrantClientStore,
+    SemanticIndex,
+    Worker,
+    outbox,
+)
+from semantic_orm.maintenance import status
+from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
+
+from .helpers import (
+    COLL,
+    PoisonEmbedder,
+    assert_index_matches_database,
+    jobs,
+    payloads,
+    pysqlite_recipe,
+)
+from .models import Article, Base
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tables(engine: Engine) -> Engine:
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def test_deferred_mode_leaves_jobs_for_a_worker(tables: Engine, store: Any) -> None:
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), mode="deferred")
+    factory = sessionmaker(tables)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(title=f"a{i}", content=f"text number {i} about rivers") for i in range(5))
+        s.commit()
+    assert len(jobs(tables)) == 5 and store.count(COLL) == 0
+    worker = Worker(idx, tables, poll_interval=0.01)
+    worker.run(stop_when_idle=True)
+    assert worker.processed == 5
+    assert jobs(tables) == [] and store.count(COLL) == 5
+    worker.start()  # the background thread picks up later commits
+    with factory() as s:
+        s.add(Article(title="late", content="a later row"))
+        s.commit()
+    idx.drain(tables, timeout=10)
+    worker.stop()
+    assert store.count(COLL) == 6
+
+
+def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: Any) -> None:
+    idx = SemanticIndex(
+        store=store, embedder=PoisonEmbedder(), mode="deferred", max_attempts=3, retry_base=0
+    )
+    factory = sessionmaker(tables)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(title=f"ok{i}", content=f"healthy row {i}") for i in range(100))
+        s.add(Article(title="bad", content="this row is POISON for the model"))
+        s.commit()
+    report = idx.drain(tables, timeout=30)
+    assert report.dead == 1
+    (dead,) = jobs(tables)
+    assert dead["dead"] and dead["attempts"] == 3
+    assert "EmbeddingError: this text poisons the model" in dead["last_error"]
+    assert store.count(COLL) == 100
+    (col,) = [c for c in status(idx, tables) if c.column == "Article.content"]
+    assert (col.rows, col.indexed_rows, col.pending_jobs, col.dead_jobs) == (101, 100, 0, 1)
+    with tables.begin() as conn:
+        assert outbox.requeue_dead(conn) == 1
+    (job,) = jobs(tables)
+    assert not job["dead"] and job["attempts"] == 0
+
+
+def one_row_on_a_flaky_store(installed: Any, **settings: Any) -> tuple[Any, SemanticIndex]:
+    """A deferred index on a store that can fail, and one committed row waiting for it."""
+    idx, factory = installed(flaky=True, mode="deferred", **settings)
+    with factory() as s:
+        s.add(Article(title="t", content="rivers"))
+        s.commit()
+    return idx.store, idx
+
+
+def test_transient_errors_retry_with_backoff_and_never_bury(
+    tables: Engine, store: Any, installed: Any
+) -> None:
+    flaky, idx = one_row_on_a_flaky_store(installed, max_attempts=2, retry_base=0)
+    flaky.down = True
+    for _ in range(5):
+        idx.process(tables)
+    (job,) = jobs(tables)
+    assert job["attempts"] == 5 and not job["dead"]  # an outage is not the row's fault
+    flaky.down = False
+    idx.drain(tables, timeout=10)
+    assert store.count(COLL) == 1
+
+
+def test_backoff_grows_and_is_capped(tables: Engine, installed: Any) -> None:
+    flaky, idx = one_row_on_a_flaky_store(installed, retry_base=2, retry_cap=5)
+    flaky.down = True
+    for expected in (2, 4, 5, 5):  # seconds: doubled each attempt, capped at retry_cap
+        with tables.begin() as conn:  # make the job due now, then fail it once more
+            conn.execute(update(outbox.outbox).values(next_attempt_at=outbox.utcnow()))
+        before = outbox.utcnow()
+        idx.process(tables)
+        after = outbox.utcnow()
+        (job,) = jobs(tables)
+        due = job["next_attempt_at"]
+        due = due if due.tzinfo else due.replace(tzinfo=before.tzinfo)
+        # the failure was recorded between `before` and `after`, however slow the machine
+        assert before + dt.timedelta(seconds=expected) <= due
+        assert due <= after + dt.timedelta(seconds=expected)
+
+
+def test_sigkill_between_commit_and_sync(tables: Engine, tmp_path: Path) -> None:
+    """A process dies inside the post-commit sync; a fresh process's worker completes it."""
+    vectors = tmp_path / "vectors"
+    url = tables.url.render_as_string(hide_password=False)
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
+from semantic_orm import EdgeStore, SemanticIndex
+from semantic_orm.testing import HashEmbedder
+from tests.models import Article
+
+class Killer(HashEmbedder):
+    def encode(self, texts):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+engine = create_engine({url!r})
+index = SemanticIndex(store=EdgeStore({str(vectors)!r}), embedder=Killer())
+Session = sessionmaker(engine)
+index.install(Session)
+with Session() as s:
+    s.add_all(Article(title=f"r{{i}}", content=f"row {{i}} about lakes") for i in range(3))
+    s.commit()
+print("not reached")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert b"not reached" not in done.stdout
+    with tables.connect() as conn:
+        assert conn.execute(select(Article.id)).scalars().all() == [1, 2, 3]
+    assert len(jobs(tables)) == 3  # committed with the rows
+    store = EdgeStore(vectors)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    idx.drain(tables, timeout=30)
+    assert jobs(tables) == []
+    assert_index_matches_database(tables, store)
+    store.close()
+
+
+def test_concurrent_writers_and_workers_converge(postgresql_url: Any, tmp_path: Path) -> None:
+    """Writers update and delete the same rows in random order while two workers drain."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(postgresql_url, pool_size=10)
+    Base.metadata.create_all(engine)
+    store = EdgeStore(tmp_path / "vectors")
+    writer_index = SemanticIndex(store=store, embedder=HashEmbedder(), mode="deferred")
+    factory = sessionmaker(engine)
+    writer_index.install(factory)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"start {i}") for i in range(1, 21))
+        s.commit()
+    workers = [
+        Worker(
+            SemanticIndex(store=store, embedder=HashEmbedder(), models=Base),
+            engine,
+            batch_size=8,
+            poll_interval=0.001,
+        ).start()
+        for _ in range(2)
+    ]
+    errors: list[BaseException] = []
+
+    def write(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for n in range(60):
+                with factory() as s:
+                    pk = rng.randint(1, 20)
+                    art = s.get(Article, pk, with_for_update=True)
+                    if art is None:
+                        s.add(Article(id=pk, title="again", content=f"back {seed} {n}"))
+                    elif rng.random() < 0.2:
+                        s.delete(art)
+                    else:
+                        art.content = " ".join([f"w{seed}x{n}"] * rng.randint(1, 80))
+                    try:
+                        s.commit()
+                    except IntegrityError:  # two writers re-inserted the same row: one wins
+                        s.rollback()
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=write, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        writer_index.drain(engine, timeout=60)
+    finally:
+        for w in workers:
+            w.stop()
+    assert sum(w.processed for w in workers) > 0
+    assert jobs(engine) == []
+    assert assert_index_matches_database(engine, store) > 0
+    store.close()
+    engine.dispose()
+
+
+def _wal_engine(path: Any) -> Engine:
+    engine = pysqlite_recipe(sa.create_engine(f"sqlite:///{path}"))
+
+    @sa.event.listens_for(engine, "connect")
+    def _wal(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+    return engine
+
+
+def test_sqlite_worker_under_steady_writes_fails_no_app_commit(tmp_path: Any) -> None:
+    engine = _wal_engine(tmp_path / "wal.sqlite3")
+    Base.metadata.create_all(engine)
+
+    class Slow(HashEmbedder):
+        def encode(self, texts: Any) -> Any:
+            time.sleep(0.02)
+            return super().encode(texts)
+
+    idx = SemanticIndex(store=MemoryStore(), embedder=Slow(), mode="deferred")
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"start {i}") for i in range(1, 11))
+        s.commit()
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def app() -> None:
+        n = 0
+        while not stop.is_set() and n < 150:
+            try:
+                with factory() as s:
+                    art = s.get(Article, 1 + n % 10)  # read, then write: the fragile kind
+                    assert art is not None
+                    art.content = f"version {n} of the text"
+                    s.add(Article(title="new", content=f"new row {n}"))
+                    s.commit()
+            except Exception as exc:
+                failures.append(repr(exc))
+            n += 1
+
+    worker = Worker(idx, engine, poll_interval=0.005, batch_size=16).start()
+    writer = threading.Thread(target=app)
+    writer.start()
+    writer.join(120)
+    stop.set()
+    processed_during = worker.processed
+    worker.stop()
+    assert failures == []
+    assert processed_during > 0
+    idx.drain(engine, timeout=60)
+    assert_index_matches_database(engine, idx.store)
+    idx.uninstall(factory)
+    engine.dispose()
+
+
+def test_a_rejected_write_is_permanent_on_both_adapters(installed: Any) -> None:
+    idx, factory = installed(flaky=True, mode="deferred", max_attempts=2, retry_base=0)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="the store refuses this"))
+        s.commit()
+    idx.store.reject = True
+    report = idx.drain(factory.kw["bind"], timeout=10)
+    assert report.dead == 1
+    (job,) = jobs(factory.kw["bind"])
+    assert job["dead"] and job["failures"] == 2
+
+
+@pytest.mark.parametrize("adapter", ["edge", "client"])
+def test_wrong_dimension_is_dead_lettered_and_drain_names_what_is_stuck(
+    engine: Engine, tmp_path: Any, adapter: str
+) -> None:
+    Base.metadata.create_all(engine)
+    store: Any = (
+        EdgeStore(tmp_path / "v") if adapter == "edge" else QdrantClientStore(location=":memory:")
+    )
+
+    class Liar(HashEmbedder):
+        """Says 64 dimensions, produces 32: the store refuses every vector."""
+
+        def encode(self, texts: Any) -> Any:
+            return super().encode(texts)[:, :32]
+
+    idx = SemanticIndex(
+        store=store, embedder=Liar(64), mode="deferred", max_attempts=3, retry_base=0
+    )
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="wrong size"))
+        s.commit()
+    report = idx.drain(engine, timeout=20)
+    assert report.dead == 1
+    idx.uninstall(factory)
+    flaky = FlakyStore(store)
+    stuck = SemanticIndex(store=flaky, embedder=HashEmbedder(), mode="deferred", retry_base=0)
+    stuck.install(factory)
+    with factory() as s:
+        s.add(Article(id=2, title="t", content="never reaches a store that is down"))
+        s.commit()
+    flaky.down = True
+    with pytest.raises(
+        TimeoutError, match=r"1 jobs still pending.*article\.content 2.*unreachable"
+    ):
+        stuck.drain(engine, timeout=1)
+    stuck.uninstall(factory)
+    store.close()
+
+
+def test_only_permanent_failures_count_towards_dead_letters(installed: Any) -> None:
+    idx, factory = installed(flaky=True, mode="deferred", max_attempts=2, retry_base=0)
+    engine = factory.kw["bind"]
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="patience"))
+        s.commit()
+    idx.store.down = True
+    for _ in range(4):
+        idx.process(engine)
+    idx.store.down = False
+    idx.store.reject = True
+    idx.process(engine)
+    (job,) = jobs(engine)
+    assert job["attempts"] == 5 and job["failures"] == 1 and not job["dead"]
+    idx.store.reject = False
+    idx.drain(engine, timeout=10)
+    assert jobs(engine) == [] and idx.store.count(COLL) == 1
+
+
+def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
+    installed: Any,
+) -> None:
+    idx, factory = installed(embedder=PoisonEmbedder(), max_attempts=1, retry_base=0)
+    engine = factory.kw["bind"]
+    with factory() as s:
+        art = Article(id=1, title="t", content="healthy text at first")
+        s.add(art)
+        s.commit()
+        assert idx.store.count(COLL) == 1
+        art.content = "now this row is POISON"
+        s.commit()
+        (dead,) = jobs(engine)
+        assert dead["dead"]
+        assert payloads(idx.store, 1) == []  # the old text's points are gone
+        art.content = "healthy again"
+        s.commit()
+    assert jobs(engine) == []  # the later success cleared the dead job
+    assert_index_matches_database(engine, idx.store)

@@ -55,10 +55,11 @@ from .search import (
 )
 from .stores import EdgeStore, QdrantClientStore, Store, StoreAdmin, VectorStore
 from .version import __version__
-from .worker import Worker
+from .worker import AsyncWorker, Worker
 
 __all__ = [
     "DEFAULT_MODEL",
+    "AsyncWorker",
     "Chunk",
     "ChunkTooLongWarning",
     "Chunker",

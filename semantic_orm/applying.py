@@ -41,6 +41,12 @@ __all__ = ["Applier", "ApplyReport", "SyncOp", "text_hash"]
 log = logging.getLogger("semantic_orm")
 
 
+def _yield() -> None:
+    """Let other threads run: this work often runs in a worker thread beside an event loop,
+    whose every tick needs the GIL (one row's chunking is the most it waits)."""
+    time.sleep(0)
+
+
 def text_hash(text: str) -> str:
     """Digest of a text, as stored in point payloads."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
@@ -149,6 +155,7 @@ class Applier:
 
         rows: list[tuple[str, str | None, list[Chunk]]] = []
         for op in ops:
+            _yield()
             chunks = self._chunks(binding, op.text)
             rows.append((op.pk, op.text, chunks))
             if chunks and signals.chunked.receivers:
@@ -173,6 +180,7 @@ class Applier:
         slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
         to_embed: list[tuple[int, str]] = []
         for pk, text, chunks in rows:
+            _yield()
             whole = text_hash(text) if text else ""
             for chunk in chunks:
                 digest = text_hash(chunk.text)

@@ -1,25 +1,33 @@
-"""The ``semantic-orm`` command: worker, reindex, status, requeue and eval.
+"""The ``semantic-orm`` command: worker, status, reindex, reconcile, requeue, gc and eval.
 
-Each command names the application's index as ``module:attribute``; importing that module must
-define the models and the :class:`~semantic_orm.index.SemanticIndex`, installed on a
-``sessionmaker`` bound to the engine (or pass ``--db URL``)::
+Each command names the application's index as ``module:attribute``. Importing that module must
+define the :class:`~semantic_orm.index.SemanticIndex` and import the models (their columns are
+found in the process's ORM registries; ``models=`` on the index narrows them). The database is
+the engine the index was installed with (a bound ``sessionmaker``), or ``--db URL``::
 
-    semantic-orm worker myapp.search:index
+    semantic-orm worker myapp.search:index [--once] [--interval 10]
+    semantic-orm status myapp.search:index [--json]
     semantic-orm reindex myapp.search:index myapp.models:Article [--all]
     semantic-orm reindex myapp.search:index myapp.models:Article --rebuild [--no-switch]
-    semantic-orm status myapp.search:index [--json]
+    semantic-orm reconcile myapp.search:index [myapp.models:Article] [--restart]
+    semantic-orm requeue myapp.search:index [Article.content | article.content] [--pk 42]
     semantic-orm gc myapp.search:index [--dry-run] [--json]
-    semantic-orm requeue myapp.search:index
-    semantic-orm eval myapp.search:index myapp.models:Article gold.jsonl --k 5 [--json] [--lenient]
+    semantic-orm eval myapp.search:index myapp.models:Article gold.jsonl --k 5 [--json]
+    semantic-orm --version
 
-``reindex --rebuild`` re-embeds into a new collection while searches keep using the current one,
-then switches (after a model or chunk-settings change; see
-:func:`semantic_orm.maintenance.rebuild`). ``gc`` drops the collections of dropped or renamed
-columns and abandoned rebuilds; ``--dry-run`` only lists them. ``status`` shows lag and drift.
+``worker`` prints what it did (done, retried, dead, pending, lag) every ``--interval`` seconds.
+``status`` shows, per column, rows, indexed rows, pending, retrying and dead jobs, lag, drift,
+and the last errors grouped by cause. Both stop with a non-zero status when jobs name a table
+and column no loaded model maps (the models were not imported). ``reindex --rebuild`` re-embeds
+into a new collection while searches keep using the current one, then switches (see
+:func:`semantic_orm.maintenance.rebuild`); ``reconcile`` queues what writes no session saw left
+behind (:func:`semantic_orm.maintenance.reconcile`); ``gc`` drops the collections of dropped or
+renamed columns.
 
-``eval`` searches each gold question (see :mod:`semantic_orm.evaluation` for the file format and
-the metrics) and prints Recall@k by row and by span, MRR@k and nDCG@10, then the failed questions
-with what was retrieved instead; ``--json`` prints the same as JSON.
+Errors are one line on stderr, never a traceback: exit status 2 for a usage or configuration
+error (a wrong ``module:attribute``, a missing table), 1 for a failure of the database or the
+vector store (a Qdrant Edge directory held by another process). Commands that embed nothing
+(``status``, ``requeue``, ``gc``) do not load the model.
 """
 
 from __future__ import annotations
@@ -29,18 +37,21 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import outbox
 from .evaluation import evaluate, load_gold
-from .exc import ConfigurationError
+from .exc import ConfigurationError, SemanticORMError
 from .index import SemanticIndex
-from .maintenance import gc, rebuild, reconcile, reindex, status
+from .maintenance import ColumnStatus, gc, rebuild, reconcile, reindex, status, unmapped_jobs
 from .search import DEFAULT_MODE, SEARCH_MODES
+from .version import __version__
 from .worker import Worker
 
 __all__ = ["main"]
@@ -51,9 +62,15 @@ def _load(spec: str) -> Any:
     if not module_name or not attr:
         raise ConfigurationError(f"expected module:attribute, got {spec!r}")
     sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(module_name)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} (from {spec!r}): {exc}") from exc
     for part in attr.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigurationError(f"{module_name!r} has no attribute {attr!r}") from None
     return obj
 
 
@@ -68,18 +85,31 @@ def _engine(index: SemanticIndex, url: str | None) -> Engine:
     return create_engine(url) if url else index.engine_for()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``semantic-orm`` command."""
+def _unmapped(index: SemanticIndex, engine: Engine) -> int:
+    """Print the jobs no loaded model maps; returns how many there are."""
+    found = unmapped_jobs(index, engine)
+    for (table, column), n in sorted(found.items()):
+        print(
+            f"semantic-orm: {n} jobs name {table}.{column}, which no loaded model maps: import "
+            "the module that defines it in the index's module (or pass models= to "
+            "SemanticIndex)",
+            file=sys.stderr,
+        )
+    return sum(found.values())
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="semantic-orm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"semantic-orm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("worker", "drain the outbox"),
-        ("reindex", "embed rows that have no vectors"),
-        ("status", "show index lag per column"),
-        ("requeue", "retry dead-lettered jobs"),
-        ("eval", "measure retrieval quality on a gold set"),
-        ("gc", "drop collections no column uses"),
+        ("status", "show lag, drift and errors per column"),
+        ("reindex", "embed rows that have no vectors (--rebuild: after a settings change)"),
         ("reconcile", "queue rows whose index differs from SQL (raw SQL, cascades)"),
+        ("requeue", "retry dead-lettered jobs"),
+        ("gc", "drop collections no column uses"),
+        ("eval", "measure retrieval quality on a gold set"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("index", help="module:attribute of the SemanticIndex")
@@ -87,8 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "worker":
             cmd.add_argument("--once", action="store_true", help="stop when no job is due")
             cmd.add_argument("--batch", type=int, default=256)
-            cmd.add_argument("--poll", type=float, default=1.0)
-        if name == "reindex":
+            cmd.add_argument("--poll", type=float, default=1.0, help="seconds between polls")
+            cmd.add_argument(
+                "--interval", type=float, default=10.0, help="seconds between progress lines"
+            )
+        elif name == "reindex":
             cmd.add_argument("model", help="module:Class of the model")
             cmd.add_argument("--all", action="store_true", help="re-queue every row")
             cmd.add_argument(
@@ -103,7 +136,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             cmd.add_argument("--column", help="with --rebuild: only this semantic attribute")
             cmd.add_argument("--batch", type=int, default=None)
-        if name == "gc":
+        elif name == "reconcile":
+            cmd.add_argument("model", nargs="?", help="module:Class (default: every column)")
+            cmd.add_argument("--restart", action="store_true", help="ignore the checkpoint")
+            cmd.add_argument("--no-process", action="store_true", help="only queue the jobs")
+            cmd.add_argument("--batch", type=int, default=1000)
+            cmd.add_argument("--json", action="store_true")
+        elif name == "requeue":
+            cmd.add_argument(
+                "column", nargs="?", help="Model.attribute or table.column (default: every one)"
+            )
+            cmd.add_argument("--pk", help="only this row (its key as stored: 42, '\"slug\"')")
+        elif name == "gc":
             cmd.add_argument("--dry-run", action="store_true", help="list, do not drop")
             cmd.add_argument(
                 "--force",
@@ -111,15 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="allow an empty collection prefix on a Qdrant server",
             )
             cmd.add_argument("--json", action="store_true")
-        if name == "status":
+        elif name == "status":
             cmd.add_argument("--json", action="store_true")
-        if name == "reconcile":
-            cmd.add_argument("model", nargs="?", help="module:Class (default: every column)")
-            cmd.add_argument("--restart", action="store_true", help="ignore the checkpoint")
-            cmd.add_argument("--no-process", action="store_true", help="only queue the jobs")
-            cmd.add_argument("--batch", type=int, default=1000)
-            cmd.add_argument("--json", action="store_true")
-        if name == "eval":
+        elif name == "eval":
             cmd.add_argument("model", help="module:Class of the model")
             cmd.add_argument("gold", help='JSON lines: {"question", "pk", "span": [start, end]}')
             cmd.add_argument("--k", type=int, default=5, help="cut-off for Recall@k and MRR@k")
@@ -129,114 +167,214 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--lenient", action="store_true", help="count overlapping or adjacent passages"
             )
             cmd.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``semantic-orm`` command."""
+    args = _parser().parse_args(argv)
     try:
         index = _index(args.index)
         engine = _engine(index, args.db)
-        if args.command == "worker":
-            worker = Worker(index, engine, batch_size=args.batch, poll_interval=args.poll)
-            try:
-                worker.run(stop_when_idle=args.once)
-            except KeyboardInterrupt:
-                pass
-            print(f"semantic-orm worker: {worker.processed} jobs done", file=sys.stderr)
-        elif args.command == "reindex" and args.rebuild:
-            model = _load(args.model)
-            for rep in rebuild(
-                index,
-                model,
-                engine,
-                column=args.column,
-                batch_size=args.batch or 64,
-                switch=not args.no_switch,
-                progress=True,
-            ):
-                what = f"switched {rep.collection!r} to it" if rep.switched else "not switched yet"
-                print(
-                    f"{rep.column}: rebuilt {rep.rows} rows in {rep.built_in!r} "
-                    f"({rep.embedded} chunks embedded, {rep.reused} reused); {what}"
-                )
-                if rep.failed:
-                    print(f"  rows that could not be indexed: {', '.join(rep.failed)}")
-        elif args.command == "reindex":
-            model = _load(args.model)
-            n = reindex(
-                index, model, engine, all_rows=args.all, batch_size=args.batch or 500, progress=True
-            )
-            print(f"queued and processed {n} rows of {model.__name__}")
-        elif args.command == "gc":
-            found = gc(index, engine, dry_run=args.dry_run, force=args.force)
-            if args.json:
-                print(json.dumps([o.as_dict() for o in found], indent=2))
-            elif not found:
-                print("no orphan collections")
-            else:
-                verb = "would drop" if args.dry_run else "dropped"
-                for o in found:
-                    action = verb if o.removable else "kept"
-                    print(f"{action:10} {o.collection} ({o.points} points): {o.reason}")
-        elif args.command == "status":
-            rows = [s.as_dict() for s in status(index, engine)]
-            if args.json:
-                print(json.dumps(rows, indent=2))
-            else:
-                print(
-                    f"{'column':30} {'rows':>8} {'indexed':>8} {'pending':>8} {'dead':>6} "
-                    f"{'oldest pending':>15}"
-                )
-                for r in rows:
-                    age = r["oldest_pending_age_s"]
-                    print(
-                        f"{r['column']:30} {r['rows']:>8} {r['indexed_rows']:>8} "
-                        f"{r['pending_jobs']:>8} {r['dead_jobs']:>6} "
-                        f"{'-' if age is None else f'{age:.0f} s':>15}"
-                    )
-                    for setting, (old, new) in r["drift"].items():
-                        print(f"  drift: {setting} {old!r} -> {new!r} (reindex --rebuild)")
-        elif args.command == "eval":
-            model = _load(args.model)
-            gold = load_gold(args.gold)
-            with Session(engine) as session:
-                report = evaluate(
-                    session,
-                    model,
-                    gold,
-                    k=args.k,
-                    mode=args.mode,
-                    lenient=args.lenient,
-                    column=args.column,
-                    index=index,
-                )
-            print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
-        elif args.command == "reconcile":
-            model = _load(args.model) if args.model else None
-            reconciled = reconcile(
-                index,
-                model,
-                engine,
-                batch_size=args.batch,
-                process=not args.no_process,
-                restart=args.restart,
-                progress=not args.json,
-            )
-            if args.json:
-                print(json.dumps([r.as_dict() for r in reconciled], indent=2))
-            for found_rows in [] if args.json else reconciled:
-                print(
-                    f"{found_rows.column}: {found_rows.rows} rows compared, "
-                    f"{found_rows.in_sync} in sync; queued {found_rows.missing} missing, "
-                    f"{found_rows.changed} changed, {found_rows.emptied} emptied, "
-                    f"{found_rows.orphans} orphaned" + (" (resumed)" if found_rows.resumed else "")
-                )
-        elif args.command == "requeue":
-            with engine.begin() as conn:
-                n = outbox.requeue_dead(conn)
-            print(f"requeued {n} dead-lettered jobs")
+        return int(_COMMANDS[args.command](index, engine, args) or 0)
+    except KeyboardInterrupt:
+        return 130
     except ConfigurationError as exc:
         print(f"semantic-orm: {exc}", file=sys.stderr)
         return 2
+    except SemanticORMError as exc:
+        print(f"semantic-orm: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"semantic-orm: database error: {first}", file=sys.stderr)
+        return 1
+
+
+def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    worker = Worker(index, engine, batch_size=args.batch, poll_interval=args.poll)
+    last = time.monotonic()
+    failure: BaseException | None = None
+    while True:
+        report = worker.run_once()
+        if report.unknown:
+            _unmapped(index, engine)
+            return 2
+        if report.sync.failed:
+            failure = report.sync.failed[-1][1]
+        now = time.monotonic()
+        if now - last >= args.interval:
+            _progress(worker, engine)
+            last = now
+        if report.claimed == 0 or (args.once and report.done == 0 and report.retried):
+            if args.once:
+                break
+            time.sleep(args.poll)
+    _progress(worker, engine)
+    if failure is not None and worker.totals.done == 0:
+        print(f"semantic-orm worker: no job could be synced: {failure}", file=sys.stderr)
+        return 1
     return 0
 
+
+def _progress(worker: Worker, engine: Engine) -> None:
+    t = worker.totals
+    with engine.connect() as conn:
+        counts = outbox.counts(conn)
+    pending = sum(c["pending"] for c in counts.values())
+    oldest = [c["oldest_pending"] for c in counts.values() if c["oldest_pending"] is not None]
+    lag = ""
+    if oldest:
+        first = min(o if o.tzinfo else o.replace(tzinfo=outbox.utcnow().tzinfo) for o in oldest)
+        lag = f", lag {(outbox.utcnow() - first).total_seconds():.0f} s"
+    print(
+        f"semantic-orm worker: {t.done} jobs done, {t.retried} retried, {t.dead} dead, "
+        f"{pending} pending{lag}",
+        file=sys.stderr,
+    )
+
+
+def _status(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    found = status(index, engine)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in found], indent=2, default=str))
+    else:
+        _status_table(found)
+    return 1 if _unmapped(index, engine) else 0
+
+
+def _status_table(found: list[ColumnStatus]) -> None:
+    print(
+        f"{'column':30} {'rows':>8} {'indexed':>8} {'pending':>8} {'retrying':>8} {'dead':>6} "
+        f"{'oldest pending':>15}"
+    )
+    for s in found:
+        age = s.oldest_pending_age
+        print(
+            f"{s.column:30} {s.rows:>8} {s.indexed_rows:>8} {s.pending_jobs:>8} "
+            f"{s.retrying_jobs:>8} {s.dead_jobs:>6} {'-' if age is None else f'{age:.0f} s':>15}"
+        )
+        for setting, (old, new) in s.drift.items():
+            print(f"  drift: {setting} {old!r} -> {new!r} (reindex --rebuild)")
+        for e in s.errors:
+            print(f"  {e['jobs']} {e['state']}: {e['error'][:160]} (e.g. row {e['example_pk']})")
+
+
+def _reindex(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    model = _load(args.model)
+    if not args.rebuild:
+        n = reindex(
+            index, model, engine, all_rows=args.all, batch_size=args.batch or 500, progress=True
+        )
+        print(f"queued and processed {n} rows of {model.__name__}")
+        return 0
+    for rep in rebuild(
+        index,
+        model,
+        engine,
+        column=args.column,
+        batch_size=args.batch or 64,
+        switch=not args.no_switch,
+        progress=True,
+    ):
+        what = f"switched {rep.collection!r} to it" if rep.switched else "not switched yet"
+        print(
+            f"{rep.column}: rebuilt {rep.rows} rows in {rep.built_in!r} "
+            f"({rep.embedded} chunks embedded, {rep.reused} reused); {what}"
+        )
+        if rep.failed:
+            print(f"  rows that could not be indexed: {', '.join(rep.failed)}")
+    return 0
+
+
+def _reconcile(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    model = _load(args.model) if args.model else None
+    found = reconcile(
+        index,
+        model,
+        engine,
+        batch_size=args.batch,
+        process=not args.no_process,
+        restart=args.restart,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps([r.as_dict() for r in found], indent=2))
+        return 0
+    for r in found:
+        print(
+            f"{r.column}: {r.rows} rows compared, {r.in_sync} in sync; queued {r.missing} "
+            f"missing, {r.changed} changed, {r.emptied} emptied, {r.orphans} orphaned"
+            + (" (resumed)" if r.resumed else "")
+        )
+    return 0
+
+
+def _requeue(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    table = column = None
+    if args.column:
+        table, column = _job_column(index, args.column)
+    with engine.begin() as conn:
+        n = outbox.requeue_dead(conn, table, column, args.pk)
+    print(f"requeued {n} dead-lettered jobs")
+    return 0
+
+
+def _job_column(index: SemanticIndex, name: str) -> tuple[str, str]:
+    """``(table, column)`` of ``Model.attribute`` or ``table.column``."""
+    left, _, right = name.rpartition(".")
+    for col in index.columns():
+        if (col.mapped_class.__name__, col.key) == (left, right) or (col.table, col.name) == (
+            left,
+            right,
+        ):
+            return col.table, col.name
+    if left:
+        return left, right  # a column no loaded model maps: its jobs can still be requeued
+    raise ConfigurationError(f"expected Model.attribute or table.column, got {name!r}")
+
+
+def _gc(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    found = gc(index, engine, dry_run=args.dry_run, force=args.force)
+    if args.json:
+        print(json.dumps([o.as_dict() for o in found], indent=2))
+    elif not found:
+        print("no orphan collections")
+    else:
+        verb = "would drop" if args.dry_run else "dropped"
+        for o in found:
+            action = verb if o.removable else "kept"
+            print(f"{action:10} {o.collection} ({o.points} points): {o.reason}")
+    return 0
+
+
+def _eval(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    model = _load(args.model)
+    gold = load_gold(args.gold)
+    with Session(engine) as session:
+        report = evaluate(
+            session,
+            model,
+            gold,
+            k=args.k,
+            mode=args.mode,
+            lenient=args.lenient,
+            column=args.column,
+            index=index,
+        )
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
+    return 0
+
+
+_COMMANDS = {
+    "worker": _worker,
+    "status": _status,
+    "reindex": _reindex,
+    "reconcile": _reconcile,
+    "requeue": _requeue,
+    "gc": _gc,
+    "eval": _eval,
+}
 
 if __name__ == "__main__":
     raise SystemExit(main())

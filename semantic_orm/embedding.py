@@ -82,6 +82,48 @@ class TokenAwareEmbedder(Protocol):
         ...
 
 
+def _dimension_from_files(path: str) -> int | None:
+    """A sentence-transformers model's output dimension, from its files (``None``: unsure).
+
+    Follows ``modules.json``: the pooling layer's width times its enabled modes, then any dense
+    layer's ``out_features``. Anything unexpected returns ``None`` (load the model instead).
+    """
+    import json
+    from pathlib import Path
+
+    root = Path(path)
+    try:
+        modules = json.loads((root / "modules.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    dimension: int | None = None
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        where = root / str(module.get("path", ""))
+        if kind == "Transformer":
+            continue
+        try:
+            config = json.loads((where / "config.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            config = {}
+        if kind == "Pooling":
+            modes = sum(
+                1 for key, value in config.items() if key.startswith("pooling_mode_") and value
+            )
+            width = config.get("word_embedding_dimension")
+            if not isinstance(width, int) or modes < 1:
+                return None
+            dimension = width * modes
+        elif kind == "Dense":
+            out = config.get("out_features")
+            if not isinstance(out, int):
+                return None
+            dimension = out
+        elif kind != "Normalize":
+            return None  # a module whose output size is not known here
+    return dimension
+
+
 def _resolve_model_path(name: str) -> str:
     """Map the default model's names to the packaged copy when it is installed."""
     if name in _DEFAULT_ALIASES:
@@ -154,8 +196,21 @@ class SentenceTransformerEmbedder:
             ) from exc
 
     @property
+    def loaded(self) -> bool:
+        """Whether the model has been loaded (commands that embed nothing never load it)."""
+        return self._model is not None
+
+    @property
     def dimension(self) -> int:
-        """Length of the model's sentence embeddings."""
+        """Length of the model's sentence embeddings.
+
+        Read from a local model's files when it is not loaded yet (checking a collection's
+        settings needs no model); the loaded model is asked otherwise.
+        """
+        if self._model is None:
+            found = _dimension_from_files(self._path)
+            if found:
+                return found
         get_dim = getattr(self.model, "get_embedding_dimension", None) or (
             self.model.get_sentence_embedding_dimension
         )

@@ -40,6 +40,7 @@ a worker in a fresh process finds a job's column from the process's ORM registri
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
@@ -76,14 +77,17 @@ DEFAULT_PATH_ENV = "SEMANTIC_ORM_PATH"
 _installed: weakref.WeakKeyDictionary[Any, SemanticIndex] = weakref.WeakKeyDictionary()
 _installed_lock = threading.Lock()
 _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's creation
+INLINE_HOLD = 30.0
+"""Seconds an inline commit's jobs are kept from workers while the committing process syncs
+them (after a crash, workers take them once this has passed)."""
 
 
-def _async_types() -> tuple[type[Any], type[Any]] | None:
+def _async_types() -> tuple[type[Any], type[Any], type[Any]] | None:
     try:
-        from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+        from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session, async_sessionmaker
     except ImportError:  # pragma: no cover - asyncio extension needs greenlet
         return None
-    return AsyncSession, async_sessionmaker
+    return AsyncSession, async_sessionmaker, async_scoped_session
 
 
 def _listen_target(target: Any) -> Any:
@@ -96,7 +100,9 @@ def _listen_target(target: Any) -> Any:
         return target
     found = _async_types()
     if found is not None:
-        async_session, async_maker = found
+        async_session, async_maker, async_scoped = found
+        if isinstance(target, async_scoped):
+            return _listen_target(target.session_factory)
         if isinstance(target, async_session):
             return target.sync_session
         if isinstance(target, async_maker):
@@ -123,9 +129,10 @@ def _listen_target(target: Any) -> Any:
 
 
 def _sync_session(session: Any) -> Session:
-    """The ``Session`` behind an ``AsyncSession`` or a ``scoped_session``."""
-    if isinstance(session, scoped_session):
-        return cast(Session, session())
+    """The ``Session`` behind an ``AsyncSession``, a ``scoped_session`` or an
+    ``async_scoped_session``."""
+    if isinstance(session, scoped_session) or type(session).__name__ == "async_scoped_session":
+        session = session()
     found = getattr(session, "sync_session", None)
     if isinstance(found, Session):
         return found
@@ -245,6 +252,7 @@ class SemanticIndex:
                 prepare=self.prepare_outbox,
                 born_leased=self._born_leased,
                 lease=lease,
+                hold=self._hold,
                 on_commit=self._on_commit,
                 begin=self._begin,
                 end=self._end,
@@ -261,6 +269,9 @@ class SemanticIndex:
         )
         self._lock = threading.RLock()
         self._retry = _Retrier(self)
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._aretrying: set[Any] = set()
+        self._async_engines: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"
@@ -287,7 +298,7 @@ class SemanticIndex:
         bind = _factory_bind(target)
         if isinstance(bind, Engine):
             self.remember_engine(bind)
-            if self.create_outbox:
+            if self.create_outbox and not bind.dialect.is_async:  # async: at first use
                 with bind.begin() as conn:
                     self.prepare_outbox(conn)
                 self._outbox_ready.add(bind)
@@ -399,7 +410,7 @@ class SemanticIndex:
         if isinstance(sync, Engine):
             return sync
         if bind is not None:
-            engine = _factory_bind(bind)
+            engine = _factory_bind(bind, ask=True)
             if engine is not None:
                 return self.engine_for(engine)
             raise ConfigurationError(
@@ -447,6 +458,10 @@ class SemanticIndex:
             return self.token
         return None
 
+    def _hold(self, conn: Connection) -> float:
+        """Jobs of an inline commit elsewhere wait a moment for this process to claim them."""
+        return INLINE_HOLD if self.mode == "inline" else 0.0
+
     def prepare_outbox(self, conn: Connection) -> None:
         """Make sure ``conn``'s database has the outbox, without failing the caller's work.
 
@@ -481,28 +496,109 @@ class SemanticIndex:
     # -- processing ---------------------------------------------------------------------------
 
     def _on_commit(self, engine: Engine, staged: Staged) -> None:
-        """After a durable commit: process its jobs inline. Never raises."""
+        """After a durable commit: sync its jobs inline, never blocking an event loop.
+
+        A commit of an ``AsyncSession`` (an async driver) is synced by a task on its event loop
+        (SQL awaited, embedding in a worker thread); a sync session used inside an event loop
+        hands the work to a thread; anywhere else the committing thread syncs. Never raises.
+        """
         self._outbox_ready.add(engine)
         self.remember_engine(engine)
         if self.mode != "inline":
             return
+        loop = _running_loop()
+        if engine.dialect.is_async and loop is not None:
+            self._track(loop.create_task(self._async_commit(engine, staged)))
+        elif loop is not None:
+            self._track(loop.run_in_executor(None, self._sync_commit, engine, staged))
+        else:
+            self._sync_commit(engine, staged)
+
+    def _sync_commit(self, engine: Engine, staged: Staged) -> None:
         reports: list[ProcessReport] = []
         try:
             if staged.born:
                 reports.append(self.processor.process(engine, claimed=staged.born))
-            born = {job.id for job in staged.born}
-            rest = [i for i in staged.ids if i not in born]
+            rest = _unborn(staged)
             if rest:
                 reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))
-        troubled = any(r.retried or r.lost or r.skipped or r.blocked or r.unknown for r in reports)
-        self._retry.poke(engine, first_look=not troubled)
+        self._retry.poke(engine, first_look=not _troubled(reports))
+
+    async def _async_commit(self, engine: Engine, staged: Staged) -> None:
+        aengine = self.async_engine(engine)
+        reports: list[ProcessReport] = []
+        try:
+            if staged.born:
+                reports.append(await self.processor.aprocess(aengine, claimed=staged.born))
+            rest = _unborn(staged)
+            if rest:
+                reports.append(await self.processor.aprocess(aengine, ids=rest, limit=len(rest)))
+        except Exception:
+            log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
+            reports.append(ProcessReport(blocked=True))
+        if _troubled(reports) and aengine not in self._aretrying:
+            self._aretrying.add(aengine)
+            self._track(asyncio.get_running_loop().create_task(self._aretry(aengine)))
+
+    async def _aretry(self, aengine: Any) -> None:
+        """Retry an async engine's failed jobs until none is pending (the async retrier)."""
+        try:
+            while True:
+                report = await self.processor.aprocess(aengine, limit=64)
+                if report.claimed:
+                    continue
+                async with aengine.connect() as conn:
+                    due = await conn.run_sync(outbox.next_due)
+                if due is None:
+                    return
+                wait = (due - outbox.utcnow()).total_seconds()
+                await asyncio.sleep(min(max(wait, 0.05), 60.0))
+        except Exception:
+            log.debug("semantic_orm: background retry failed", exc_info=True)
+        finally:
+            self._aretrying.discard(aengine)
+
+    def _track(self, task: asyncio.Future[Any]) -> None:
+        """Keep a background task alive until it ends (``adrain`` waits for them)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def async_engine(self, engine: Any) -> Any:
+        """The ``AsyncEngine`` of ``engine`` (one of an async driver), made once."""
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        if isinstance(engine, AsyncEngine):
+            return engine
+        with self._lock:
+            found = self._async_engines.get(engine)
+            if found is None:
+                found = self._async_engines[engine] = AsyncEngine(engine)
+            return found
 
     def process(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
         """Process one batch of due jobs; returns what happened."""
-        return self.processor.process(self.engine_for(bind), limit=limit)
+        engine = self.engine_for(bind)
+        self._ready(engine)
+        return self.processor.process(engine, limit=limit)
+
+    def _ready(self, engine: Engine) -> None:
+        """Make sure a worker's database has the outbox (once per engine)."""
+        if engine in self._outbox_ready or engine.dialect.is_async:
+            return
+        if self.create_outbox and not _shared_pool(engine):
+            with engine.connect() as conn:
+                self.prepare_outbox(conn)
+        elif not self.create_outbox:
+            if not inspect(engine).has_table(outbox.OUTBOX_TABLE):
+                raise ConfigurationError(
+                    f"the database has no {outbox.OUTBOX_TABLE} table and the index was made "
+                    "with create_outbox=False: run the migration that creates it "
+                    "(semantic_orm.outbox.metadata)"
+                )
+            self._outbox_ready.add(engine)
 
     def drain(
         self, bind: Any = None, *, timeout: float | None = 60.0, limit: int = 256
@@ -516,6 +612,7 @@ class SemanticIndex:
                 them, with their attempts and last error.
         """
         engine = self.engine_for(bind)
+        self._ready(engine)
         total = ProcessReport()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -537,10 +634,72 @@ class SemanticIndex:
                 wait = min(wait, deadline - time.monotonic())
             time.sleep(min(max(wait, 0.01), 0.25))
 
+    async def aprocess(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
+        """:meth:`process` for an ``AsyncEngine`` (or an ``async_sessionmaker`` bound to one)."""
+        return await self.processor.aprocess(self.async_engine(self.engine_for(bind)), limit=limit)
+
+    async def adrain(
+        self, bind: Any = None, *, timeout: float | None = 60.0, limit: int = 256
+    ) -> ProcessReport:
+        """:meth:`drain` for async applications: waits for the syncs that commits started, then
+        processes every pending job, without blocking the event loop.
+
+        Raises:
+            TimeoutError: Jobs are still pending after ``timeout`` seconds (the message names
+                them).
+        """
+        aengine = self.async_engine(self.engine_for(bind))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            await asyncio.wait(pending, timeout=left)
+        total = ProcessReport()
+        while True:
+            report = await self.processor.aprocess(aengine, limit=limit)
+            total.add(report)
+            expired = deadline is not None and time.monotonic() > deadline
+            if report.claimed and not expired:
+                continue
+            async with aengine.connect() as conn:
+                due = await conn.run_sync(_next_due)
+                if due is None:
+                    return total
+                if expired:
+                    raise TimeoutError(await conn.run_sync(_stuck, timeout))
+            wait = (due - outbox.utcnow()).total_seconds()
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+            await asyncio.sleep(min(max(wait, 0.01), 0.25))
+
     def close(self) -> None:
         """Stop background retries and close the vector store."""
         self._retry.stop()
         self.store.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _unborn(staged: Staged) -> list[int]:
+    """The ids of a commit's jobs that were not born leased to this index."""
+    born = {job.id for job in staged.born}
+    return [i for i in staged.ids if i not in born]
+
+
+def _troubled(reports: list[ProcessReport]) -> bool:
+    """Whether a sync left something to retry."""
+    return any(r.retried or r.lost or r.skipped or r.blocked or r.unknown for r in reports)
+
+
+def _next_due(conn: Connection) -> dt.datetime | None:
+    if not inspect(conn).has_table(outbox.OUTBOX_TABLE):
+        return None
+    return outbox.next_due(conn)
 
 
 def _stuck(conn: Connection, timeout: float | None) -> str:
@@ -561,12 +720,26 @@ def _shared_pool(engine: Engine) -> bool:
     return isinstance(engine.pool, (StaticPool, SingletonThreadPool))
 
 
-def _factory_bind(target: Any) -> Any:
-    """The ``bind`` a (scoped / async) sessionmaker was made with, if any."""
-    if isinstance(target, scoped_session):
-        target = target.session_factory
+def _factory_bind(target: Any, *, ask: bool = False) -> Any:
+    """The ``bind`` of a (scoped / async) sessionmaker or a session, if any.
+
+    With ``ask``, a scoped session with no configured bind is asked for its session's
+    (Flask-SQLAlchemy chooses the engine in ``get_bind()``, inside an application context).
+    """
+    factory = getattr(target, "session_factory", None)  # scoped_session, async_scoped_session
+    if factory is not None:
+        found = _factory_bind(factory)
+        return found if found is not None or not ask else _factory_bind(target())
     kw = getattr(target, "kw", None)
-    return kw.get("bind") if isinstance(kw, dict) else None
+    if isinstance(kw, dict):
+        return kw.get("bind")
+    if isinstance(target, Session) or hasattr(target, "sync_session"):
+        session = _sync_session(target)
+        try:
+            return session.get_bind()  # Flask-SQLAlchemy picks the engine in get_bind()
+        except Exception:
+            return None
+    return None
 
 
 class _Retrier:

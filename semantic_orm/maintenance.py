@@ -63,10 +63,23 @@ log = logging.getLogger("semantic_orm")
 _PAGE = 1000
 
 
-def _bar(total: int | None, label: str, progress: bool | TextIO) -> Any:
-    """A tqdm progress bar on stderr (or ``progress``, a stream); ``None`` when not wanted."""
-    if progress is False:
+class _NoBar:
+    """What :func:`_bar` gives when no progress is wanted."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         return None
+
+    def update(self, n: int) -> None:
+        """Nothing to show."""
+
+
+def _bar(total: int | None, label: str, progress: bool | TextIO, *, enabled: bool = True) -> Any:
+    """A tqdm progress bar (a context manager) on stderr, or on ``progress`` if it is a stream."""
+    if progress is False or not enabled:
+        return _NoBar()
     from tqdm import tqdm
 
     if progress is True:
@@ -118,15 +131,13 @@ def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[Point
 
 
 def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progress: Any) -> None:
-    bar = _bar(queued, label, progress) if queued else None
-    while True:
-        report = index.process(engine, limit=_PAGE // 2)
-        if bar is not None and report.done:
-            bar.update(report.done)
-        if report.claimed == 0:
-            break
-    if bar is not None:
-        bar.close()
+    with _bar(queued, label, progress, enabled=bool(queued)) as bar:
+        while True:
+            report = index.process(engine, limit=_PAGE // 2)
+            if report.done:
+                bar.update(report.done)
+            if report.claimed == 0:
+                break
 
 
 def reindex(
@@ -158,19 +169,16 @@ def reindex(
     queued = 0
     for col in columns:
         binding = index.binding_for(col)
-        bar = _bar(None, f"queue {col.label}", progress)
-        for page in _pages(engine, col, (), batch_size):
-            keys = [key for key, _ in page]
-            have = {} if all_rows else _first_chunks(index, binding.collection, keys)
-            todo = [JobKey(col.table, col.name, k) for k in keys if k not in have]
-            with engine.begin() as writer:
-                index.prepare_outbox(writer)
-                outbox.enqueue(writer, todo)
-            queued += len(todo)
-            if bar is not None:
+        with _bar(None, f"queue {col.label}", progress) as bar:
+            for page in _pages(engine, col, (), batch_size):
+                keys = [key for key, _ in page]
+                have = {} if all_rows else _first_chunks(index, binding.collection, keys)
+                todo = [JobKey(col.table, col.name, k) for k in keys if k not in have]
+                with engine.begin() as writer:
+                    index.prepare_outbox(writer)
+                    outbox.enqueue(writer, todo)
+                queued += len(todo)
                 bar.update(len(keys))
-        if bar is not None:
-            bar.close()
     if process and queued:
         _drain(index, engine, queued, f"embed {model.__name__}", progress)
     return queued
@@ -263,56 +271,56 @@ def _reconcile(
     state: dict[str, Any] = json.loads(saved) if saved else {}
     resumed = bool(state)
     counts.update(state.get("counts", {}))
-    bar = _bar(None, f"reconcile {col.label}", progress)
 
     def save(conn: Any, **extra: Any) -> None:
         outbox.checkpoint(conn, name, json.dumps({"counts": counts, **extra}))
 
-    # SQL -> index: rows missing, changed or emptied
-    if state.get("phase", "rows") == "rows":
-        for page in _pages(engine, col, (col.column,), batch, state.get("after")):
-            stored = _first_chunks(index, binding.collection, [k for k, _ in page])
-            todo: list[JobKey] = []
-            for key, (value,) in page:
-                point = stored.get(key)
-                if value:
-                    if point is None:
-                        counts["missing"] += 1
-                    elif point.text_hash != text_hash(value) or point.config != binding.fingerprint:
-                        counts["changed"] += 1
+    with _bar(None, f"reconcile {col.label}", progress) as bar:
+        # SQL -> index: rows missing, changed or emptied
+        if state.get("phase", "rows") == "rows":
+            for page in _pages(engine, col, (col.column,), batch, state.get("after")):
+                stored = _first_chunks(index, binding.collection, [k for k, _ in page])
+                todo: list[JobKey] = []
+                for key, (value,) in page:
+                    point = stored.get(key)
+                    if value:
+                        if point is None:
+                            counts["missing"] += 1
+                        elif (
+                            point.text_hash != text_hash(value)
+                            or point.config != binding.fingerprint
+                        ):
+                            counts["changed"] += 1
+                        else:
+                            counts["in_sync"] += 1
+                            continue
+                    elif point is not None:
+                        counts["emptied"] += 1
                     else:
                         counts["in_sync"] += 1
                         continue
-                elif point is not None:
-                    counts["emptied"] += 1
-                else:
-                    counts["in_sync"] += 1
-                    continue
-                todo.append(JobKey(col.table, col.name, key))
-            counts["rows"] += len(page)
-            with engine.begin() as writer:
-                outbox.enqueue(writer, todo)
-                save(writer, phase="rows", after=page[-1][0])
-            if bar is not None:
+                    todo.append(JobKey(col.table, col.name, key))
+                counts["rows"] += len(page)
+                with engine.begin() as writer:
+                    outbox.enqueue(writer, todo)
+                    save(writer, phase="rows", after=page[-1][0])
                 bar.update(len(page))
-        with engine.begin() as writer:
-            save(writer, phase="orphans")
-    # index -> SQL: keys the table no longer has
-    for payloads in _indexed_pages(index, binding.collection):
-        keys = sorted({p.pk for p in payloads if p.pk})
-        if not keys:
-            continue
-        with Session(engine) as session:
-            present = read_values(session, col, keys)
-        gone = [JobKey(col.table, col.name, k) for k in keys if k not in present]
-        counts["orphans"] += len(gone)
-        if gone:
             with engine.begin() as writer:
-                outbox.enqueue(writer, gone)
-    with engine.begin() as writer:
-        outbox.checkpoint(writer, name, "")  # finished: the next pass starts afresh
-    if bar is not None:
-        bar.close()
+                save(writer, phase="orphans")
+        # index -> SQL: keys the table no longer has
+        for payloads in _indexed_pages(index, binding.collection):
+            keys = sorted({p.pk for p in payloads if p.pk})
+            if not keys:
+                continue
+            with Session(engine) as session:
+                present = read_values(session, col, keys)
+            gone = [JobKey(col.table, col.name, k) for k in keys if k not in present]
+            counts["orphans"] += len(gone)
+            if gone:
+                with engine.begin() as writer:
+                    outbox.enqueue(writer, gone)
+        with engine.begin() as writer:
+            outbox.checkpoint(writer, name, "")  # finished: the next pass starts afresh
     return ReconcileReport(col.label, resumed=resumed, **counts)
 
 
@@ -528,26 +536,23 @@ def rebuild(
             index.store.ensure_collection(build.spec)
         embedded = reused = rows = 0
         failed: list[str] = []
-        bar = _bar(None, f"rebuild {col.label}", progress)
-        for page in _pages(engine, col, (), batch_size):
-            part = [key for key, _ in page]
-            with Session(engine) as session:
-                values = read_values(session, col, part)
-            report = index.applier.apply([SyncOp(build, pk, values.get(pk)) for pk in part])
-            for group, error in report.failed:
-                if is_transient(error):
-                    raise SyncError(
-                        f"rebuilding {col.label} into {target!r} failed: {error}; run it again "
-                        "to resume"
-                    ) from error
-                failed.extend(op.pk for op in group)
-            embedded += report.embedded
-            reused += report.reused
-            rows += len(part)
-            if bar is not None:
+        with _bar(None, f"rebuild {col.label}", progress) as bar:
+            for page in _pages(engine, col, (), batch_size):
+                part = [key for key, _ in page]
+                with Session(engine) as session:
+                    values = read_values(session, col, part)
+                report = index.applier.apply([SyncOp(build, pk, values.get(pk)) for pk in part])
+                for group, error in report.failed:
+                    if is_transient(error):
+                        raise SyncError(
+                            f"rebuilding {col.label} into {target!r} failed: {error}; run it again "
+                            "to resume"
+                        ) from error
+                    failed.extend(op.pk for op in group)
+                embedded += report.embedded
+                reused += report.reused
+                rows += len(part)
                 bar.update(len(part))
-        if bar is not None:
-            bar.close()
         if switch:
             _switch(index, engine, binding, target)
         reports.append(

@@ -200,6 +200,8 @@ def enqueue(
     *,
     claimed_by: str | None = None,
     lease: float = 0.0,
+    hold: float = 0.0,
+    returning: bool = True,
     now: dt.datetime | None = None,
 ) -> list[Job]:
     """Insert one job per key on ``conn`` (in its transaction), in batches; return the jobs.
@@ -210,8 +212,11 @@ def enqueue(
         claimed_by: Give the jobs to this processor token at birth (leased for ``lease``
             seconds), for a process that syncs them right after its commit. Keys another
             processor holds a live lease on are born unclaimed instead. Use it only where
-            writers are serialized (SQLite): on PostgreSQL claim after the commit.
+            writers are serialized (SQLite).
         lease: Seconds the birth lease lasts.
+        hold: Seconds before unclaimed jobs are due for workers: the committing process claims
+            them by id meanwhile (:func:`claim` with ``ids``), a worker only if it does not.
+        returning: Read the new jobs' ids back (``False``: return nothing, a little faster).
         now: The current time (tests).
     """
     rows = [JobKey(*k) for k in keys]
@@ -227,13 +232,17 @@ def enqueue(
             "attempts": 0,
             "failures": 0,
             "dead": False,
-            "next_attempt_at": now if not claimed_by or k in busy else now + _seconds(lease),
+            "next_attempt_at": now
+            + _seconds(lease if claimed_by and k not in busy else 0 if k in busy else hold),
             "created_at": now,
             "claimed_by": None if k in busy else claimed_by,
         }
         for k in rows
     ]
     jobs: list[Job] = []
+    if not returning:
+        conn.execute(insert(outbox), values)
+        return jobs
     stmt = insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True)
     for start in range(0, len(values), 1000):
         part = values[start : start + 1000]
@@ -296,8 +305,8 @@ def claim(
     """Lease up to ``limit`` due jobs (or the claimable ones among ``ids``), oldest first.
 
     Run it in its own short transaction: the leases become visible to other processors when it
-    commits. Among ``ids``, jobs already leased to ``token`` count as claimable (they were born
-    leased to it by the commit that wrote them).
+    commits. Among ``ids``, unclaimed jobs are claimable before they are due (a commit's own
+    jobs, held back from workers for a moment so that the committing process syncs them).
 
     Args:
         conn: A connection in a transaction (``BEGIN IMMEDIATE`` on SQLite is best).
@@ -310,7 +319,7 @@ def claim(
     now = now or utcnow()
     due = outbox.c.next_attempt_at <= now
     if ids is not None:
-        due = due | (outbox.c.claimed_by == token)
+        due = due | outbox.c.claimed_by.is_(None)
     base = select(*_COLUMNS).where(outbox.c.dead.is_(False)).where(due).order_by(outbox.c.id)
     postgres = conn.dialect.name == "postgresql"
     if postgres:

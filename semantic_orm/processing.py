@@ -24,12 +24,14 @@ would be theirs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
@@ -162,17 +164,22 @@ class Processor:
         with gate.writing() if gate is not None else contextlib.nullcontext():
             if self.blocked(engine):
                 raise Blocked
-            with engine.connect() as conn:
-                with conn.begin():
-                    if conn.dialect.name == "sqlite":
-                        # a write first: the transaction holds SQLite's write lock from its
-                        # start, so it waits for other writers instead of failing to upgrade
-                        conn.execute(
-                            outbox.outbox.update()
-                            .where(outbox.outbox.c.id < 0)
-                            .values(attempts=outbox.outbox.c.attempts)
-                        )
-                    yield conn
+            with engine.connect() as conn, conn.begin():
+                _lock_first(conn)
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def awriting(self, engine: Any) -> AsyncIterator[Any]:
+        """:meth:`writing` for an ``AsyncEngine``: waits for the gate without blocking."""
+        gate = self.gate_for(engine.sync_engine)
+        deadline = time.monotonic() + (gate.max_wait if gate is not None else 0)
+        while gate is not None and gate.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self.blocked(engine.sync_engine):
+            raise Blocked
+        async with engine.connect() as conn, conn.begin():
+            await conn.run_sync(_lock_first)
+            yield conn
 
     def process(
         self,
@@ -188,136 +195,195 @@ class Processor:
         without a claim transaction. Never raises for a job's failure; raises only if the
         database itself fails.
         """
-        report = ProcessReport()
+        run = _Pass(self)
         try:
             if self.blocked(engine):
                 raise Blocked
             if claimed is None:
-                if ids is None and not self._anything_to_claim(engine):
-                    return report  # idle: no write transaction at all
+                if ids is None:
+                    with engine.connect() as conn:
+                        due = run.look(conn, self._sweep(engine))
+                    if run.orphans:
+                        with self.writing(engine) as conn:
+                            run.release(conn)
+                    if not due and not run.orphans:
+                        return run.report  # idle: no write transaction at all
                 with self.writing(engine) as conn:
-                    claimed = outbox.claim(
-                        conn, token=self.token, lease=self.policy.lease, limit=limit, ids=ids
-                    )
-                if ids is not None:
-                    report.skipped = len(ids) - len(claimed)
+                    claimed = run.claim(conn, limit, ids)
             if claimed:
-                self._run(engine, list(claimed), report)
+                run.jobs = list(claimed)
+                with engine.connect() as conn:
+                    run.read(conn)
+                run.apply()
+                with self.writing(engine) as conn:
+                    run.settle(conn)
+                run.forget()
         except Blocked:
-            report.blocked = True
-        return report
+            run.report.blocked = True
+        return run.report
 
-    def _anything_to_claim(self, engine: Engine) -> bool:
-        """Read whether a job is due, first releasing the leases of processes that died here
-        (looked for every :data:`SWEEP` seconds)."""
-        with engine.connect() as conn:
-            orphans: list[str] = []
-            if time.monotonic() - self._swept.get(engine, -SWEEP) >= SWEEP:
-                self._swept[engine] = time.monotonic()
-                orphans = outbox.orphaned_tokens(conn)
-            due = outbox.has_due(conn)
-        if orphans:
-            with self.writing(engine) as conn:
-                outbox.release(conn, orphans)
-            return True
-        return due
+    async def aprocess(
+        self,
+        engine: Any,
+        *,
+        limit: int = 256,
+        ids: Sequence[int] | None = None,
+        claimed: Sequence[Job] | None = None,
+    ) -> ProcessReport:
+        """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
+        embedding and the store calls in a worker thread; the loop is never blocked."""
+        run = _Pass(self)
+        sync_engine = engine.sync_engine
+        try:
+            if self.blocked(sync_engine):
+                raise Blocked
+            if claimed is None:
+                if ids is None:
+                    sweep = self._sweep(sync_engine)
+                    async with engine.connect() as conn:
+                        due = await conn.run_sync(run.look, sweep)
+                    if run.orphans:
+                        async with self.awriting(engine) as conn:
+                            await conn.run_sync(run.release)
+                    if not due and not run.orphans:
+                        return run.report
+                async with self.awriting(engine) as conn:
+                    claimed = await conn.run_sync(run.claim, limit, ids)
+            if claimed:
+                run.jobs = list(claimed)
+                async with engine.connect() as conn:
+                    await conn.run_sync(run.read)
+                await asyncio.to_thread(run.apply)
+                async with self.awriting(engine) as conn:
+                    await conn.run_sync(run.settle)
+                await asyncio.to_thread(run.forget)
+        except Blocked:
+            run.report.blocked = True
+        return run.report
 
-    def _run(self, engine: Engine, jobs: list[Job], report: ProcessReport) -> None:
-        report.claimed = len(jobs)
-        by_key: dict[JobKey, list[Job]] = {}
-        for job in jobs:
-            by_key.setdefault(job.key, []).append(job)
+    def _sweep(self, engine: Engine) -> bool:
+        """Whether to look for the leases of processes that died here (every :data:`SWEEP` s)."""
+        if time.monotonic() - self._swept.get(engine, -SWEEP) < SWEEP:
+            return False
+        self._swept[engine] = time.monotonic()
+        return True
+
+
+def _lock_first(conn: Connection) -> None:
+    """On SQLite, a write first: the transaction holds the write lock from its start, so it
+    waits for other writers (busy timeout) instead of failing to upgrade later."""
+    if conn.dialect.name == "sqlite":
+        table = outbox.outbox
+        conn.execute(table.update().where(table.c.id < 0).values(attempts=table.c.attempts))
+
+
+class _Pass:
+    """One processing pass, as steps that each take a connection (or none).
+
+    The sync and async drivers (:meth:`Processor.process`, :meth:`Processor.aprocess`) run the
+    same steps; only how they get a connection and where :meth:`apply` runs differ.
+    """
+
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+        self.report = ProcessReport()
+        self.orphans: list[str] = []
+        self.jobs: list[Job] = []
+        self.by_key: dict[JobKey, list[Job]] = {}
+        self.ops: list[SyncOp] = []
+        self.failed: list[tuple[list[JobKey], BaseException]] = []
+        self.buried: list[JobKey] = []
+
+    def look(self, conn: Connection, sweep: bool) -> bool:
+        """Whether a job is due (a read); notes the leases of dead local processes."""
+        if sweep:
+            self.orphans = outbox.orphaned_tokens(conn)
+        return outbox.has_due(conn)
+
+    def release(self, conn: Connection) -> None:
+        """Make the dead processes' jobs due again."""
+        outbox.release(conn, self.orphans)
+
+    def claim(self, conn: Connection, limit: int, ids: Sequence[int] | None) -> list[Job]:
+        """Lease due jobs (or those among ``ids``)."""
+        p = self.processor
+        claimed = outbox.claim(conn, token=p.token, lease=p.policy.lease, limit=limit, ids=ids)
+        if ids is not None:
+            self.report.skipped = len(ids) - len(claimed)
+        return claimed
+
+    def read(self, conn: Connection) -> None:
+        """Read the current value of each claimed job's row."""
+        self.report.claimed = len(self.jobs)
+        for job in self.jobs:
+            self.by_key.setdefault(job.key, []).append(job)
         groups: dict[tuple[str, str], list[str]] = {}
-        for key in by_key:
+        for key in self.by_key:
             groups.setdefault((key.table, key.column), []).append(key.pk)
-
-        ops: list[SyncOp] = []
         unknown: list[JobKey] = []
-        failed: list[tuple[list[JobKey], BaseException]] = []
-        with engine.connect() as conn, Session(bind=conn, autoflush=False) as session:
+        with Session(bind=conn, autoflush=False) as session:
             for (table, column), pks in groups.items():
-                binding = self.resolve(table, column)
+                binding = self.processor.resolve(table, column)
                 if binding is None:
                     unknown.extend(JobKey(table, column, pk) for pk in pks)
                     continue
                 values = read_values(session, binding.column, pks)
-                ops.extend(SyncOp(binding, pk, values.get(pk)) for pk in pks)
+                self.ops.extend(SyncOp(binding, pk, values.get(pk)) for pk in pks)
             session.rollback()
-
-        sync = self.applier.apply(ops)
-        report.sync = sync
-        for group, error in sync.failed:
-            failed.append(([op.key for op in group], error))
         if unknown:
-            report.unknown = unknown
-            failed.append(
-                (
-                    unknown,
-                    ConfigurationError(
-                        f"no mapped SemanticText column for {unknown[0].table}."
-                        f"{unknown[0].column}: import the models (or pass models= to "
-                        "SemanticIndex) in the process that syncs"
-                    ),
-                )
+            self.report.unknown = unknown
+            error = ConfigurationError(
+                f"no mapped SemanticText column for {unknown[0].table}.{unknown[0].column}: "
+                "import the models (or pass models= to SemanticIndex) in the process that syncs"
             )
-        self._settle(engine, by_key, failed, ops, report)
+            self.failed.append((unknown, error))
 
-    def _settle(
-        self,
-        engine: Engine,
-        by_key: dict[JobKey, list[Job]],
-        failed: list[tuple[list[JobKey], BaseException]],
-        ops: list[SyncOp],
-        report: ProcessReport,
-    ) -> None:
-        failed_keys = {key for keys, _ in failed for key in keys}
+    def apply(self) -> None:
+        """Chunk, embed and write the rows (no database connection)."""
+        sync = self.processor.applier.apply(self.ops)
+        self.report.sync = sync
+        self.failed.extend(([op.key for op in group], error) for group, error in sync.failed)
+
+    def settle(self, conn: Connection) -> None:
+        """Delete finished jobs, record failures, queue again the rows whose lease was lost."""
+        p, report, by_key = self.processor, self.report, self.by_key
+        failed_keys = {key for keys, _ in self.failed for key in keys}
         done = [job for key, jobs in by_key.items() if key not in failed_keys for job in jobs]
-        buried: list[JobKey] = []
-        with self.writing(engine) as conn:
-            lost = outbox.settle_done(conn, done, token=self.token)
-            if lost:
-                outbox.enqueue(conn, lost)
-            report.lost = len(lost)
-            report.done = len(done) - sum(len(by_key[k]) for k in lost)
-            for keys, error in failed:
-                jobs = [job for key in keys for job in by_key[key]]
-                permanent = not is_transient(error)
-                attempts = max(job.attempts for job in jobs) + 1
-                dead = outbox.settle_failed(
-                    conn,
-                    jobs,
-                    error,
-                    token=self.token,
-                    permanent=permanent,
-                    retry_in=self.policy.delay(attempts),
-                    max_failures=self.policy.max_attempts,
-                )
-                if dead:
-                    report.dead += dead
-                    buried.extend(keys)
-                    log.error("semantic_orm: dead-lettered %s: %s", keys[0], error)
-                report.retried += len(jobs) - dead
-        if buried:
-            self._forget_points(buried, ops)
+        lost = outbox.settle_done(conn, done, token=p.token)
+        if lost:
+            outbox.enqueue(conn, lost)
+        report.lost = len(lost)
+        report.done = len(done) - sum(len(by_key[k]) for k in lost)
+        for keys, error in self.failed:
+            jobs = [job for key in keys for job in by_key[key]]
+            attempts = max(job.attempts for job in jobs) + 1
+            dead = outbox.settle_failed(
+                conn,
+                jobs,
+                error,
+                token=p.token,
+                permanent=not is_transient(error),
+                retry_in=p.policy.delay(attempts),
+                max_failures=p.policy.max_attempts,
+            )
+            if dead:
+                report.dead += dead
+                self.buried.extend(keys)
+                log.error("semantic_orm: dead-lettered %s: %s", keys[0], error)
+            report.retried += len(jobs) - dead
 
-    def _forget_points(self, keys: list[JobKey], ops: list[SyncOp]) -> None:
+    def forget(self) -> None:
         """Remove the points of dead-lettered rows (their text could not be indexed)."""
-        bindings = {op.key: op.binding for op in ops}
+        if not self.buried:
+            return
+        bindings = {op.key: op.binding for op in self.ops}
         targets: dict[str, list[tuple[str, int]]] = {}
-        for key in keys:
+        for key in self.buried:
             binding = bindings.get(key)
             if binding is not None:
                 targets.setdefault(binding.target, []).append((key.pk, 0))
         for target, rows in targets.items():
             try:
-                self.applier.store.delete_rows(target, rows)
+                self.processor.applier.store.delete_rows(target, rows)
             except Exception as exc:  # the store is the problem: the points go with a rewrite
                 log.warning("semantic_orm: could not remove dead-lettered rows' points: %s", exc)
-
-
-def _by_binding(ops: Sequence[SyncOp]) -> list[tuple[ColumnBinding, list[SyncOp]]]:
-    groups: dict[tuple[str, str, str], tuple[ColumnBinding, list[SyncOp]]] = {}
-    for op in ops:
-        key = (op.key.table, op.key.column, op.binding.target)
-        groups.setdefault(key, (op.binding, []))[1].append(op)
-    return list(groups.values())

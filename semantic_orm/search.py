@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import weakref
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
@@ -59,7 +60,7 @@ from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import ColumnElement, inspect, select
-from sqlalchemy.orm import Mapper, Session
+from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
 from .binding import ColumnBinding
@@ -95,6 +96,9 @@ MAX_DEPTH = 1_000_000
 DEFAULT_CANDIDATES = 100
 
 T = TypeVar("T")
+AnySession = Session | scoped_session[Any]
+"""What a synchronous search loads rows with: a ``Session``, or a ``scoped_session`` (such as
+Flask-SQLAlchemy's ``db.session``)."""
 
 
 class SearchOptions(TypedDict, total=False):
@@ -422,7 +426,9 @@ def _steps(
     row_chunks: dict[str, list[ScoredChunk]] = {}
     chosen: dict[str, list[Chunk]] = {}
     seen: set[str] = set()
-    depth = opts.candidates
+    # fused lists need one fixed window for a stable order; one list is totally ordered at any
+    # depth, so it is read about as deep as the page needs (rows need a few chunks each)
+    depth = opts.candidates if fusion is not None else max(10, want * (4 if by_row else 3))
     tier = 0
     while lists and len(hits) < want and len(row_tier) < want:
         lo, hi = tier * depth, (tier + 1) * depth
@@ -542,7 +548,7 @@ class _Search:
 
 
 def semantic_search(
-    session: Session, model: type[T], query: str, **options: Unpack[SearchOptions]
+    session: AnySession, model: type[T], query: str, **options: Unpack[SearchOptions]
 ) -> list[SearchHit[T]]:
     """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
 
@@ -573,21 +579,75 @@ def semantic_search(
     return run.hits
 
 
+class _QueryBatcher:
+    """Embeds the queries of concurrent async searches together, in one call per batch.
+
+    While one batch is being embedded in a worker thread, new queries wait for the next one: 32
+    concurrent searches cost a few model calls, not 32 calls fighting for the same cores.
+    """
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
+        self.pending: list[tuple[str, asyncio.Future[Any]]] = []
+        self.running = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def embed(self, text: str) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.pending.append((text, future))
+        if not self.running:
+            self.running = True
+            self._task = loop.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                try:
+                    vectors = await asyncio.to_thread(self.embedder.encode, [t for t, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), vector in zip(batch, vectors, strict=True):
+                    if not future.done():
+                        future.set_result(vector)
+        finally:
+            self.running = False
+
+
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _QueryBatcher]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _batcher(embedder: Any) -> _QueryBatcher:
+    """This event loop's query batcher for ``embedder``."""
+    mine = _batchers.setdefault(asyncio.get_running_loop(), {})
+    found = mine.get(id(embedder))
+    if found is None or found.embedder is not embedder:
+        found = mine[id(embedder)] = _QueryBatcher(embedder)
+    return found
+
+
 async def asemantic_search(
     session: Any, model: type[T], query: str, **options: Unpack[SearchOptions]
 ) -> list[SearchHit[T]]:
     """:func:`semantic_search` for an ``AsyncSession``, without blocking the event loop.
 
-    The query embedding and the vector-store calls run in worker threads; rows are loaded
-    through ``await session.scalars(...)``. Takes the same options.
+    The query embedding and the vector-store calls run in worker threads (the queries of
+    concurrent searches are embedded together, in one call); rows are loaded through ``await
+    session.scalars(...)``. Takes the same options.
     """
     run = _Search(session, model, query, options)
     await asyncio.to_thread(run.index.bindings.check, run.binding, for_search=True)
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
-            encoded = await asyncio.to_thread(step.binding.embedder.encode, [step.text])
-            result: Any = encoded[0]
+            result: Any = await _batcher(step.binding.embedder).embed(step.text)
         elif isinstance(step, _Query):
             result = await asyncio.to_thread(run.index.store.query, step.collection, step.request)
         else:
@@ -601,7 +661,7 @@ class SemanticSearchMixin:
 
     @classmethod
     def semantic_search(
-        cls, session: Session, query: str, **options: Unpack[SearchOptions]
+        cls, session: AnySession, query: str, **options: Unpack[SearchOptions]
     ) -> list[SearchHit[Self]]:
         """Find rows of this model by meaning; see :func:`semantic_search`."""
         return semantic_search(session, cls, query, **options)

@@ -78,6 +78,8 @@ class StagingHooks:
         prepare: Called with each connection a session begins (create the outbox if needed).
         born_leased: The token to lease a connection's new jobs to at birth, or ``None``.
         lease: Seconds a birth lease lasts.
+        hold: Seconds a connection's new unleased jobs wait before workers may take them (the
+            committing process syncs them meanwhile).
         on_commit: Called with the engine and what it staged once a durable root commit has
             ended (its connections are back in the pool).
         begin: Called when a session's root transaction begins on an engine, with the
@@ -90,6 +92,7 @@ class StagingHooks:
     prepare: Callable[[Connection], None]
     born_leased: Callable[[Connection], str | None]
     lease: float
+    hold: Callable[[Connection], float]
     on_commit: Callable[[Engine, Staged], None]
     begin: Callable[[Engine, Connection, bool], None]
     end: Callable[[Engine, Connection, bool], None]
@@ -256,9 +259,12 @@ class SessionTracker:
         if _owner(session) is None:
             return
         by_mapper: dict[Mapper[Any], list[JobKey]] = {}
+        seen: set[SemanticColumn] = set()
 
         def add(state: InstanceState[Any], col: SemanticColumn, key: str) -> None:
-            self.hooks.register(col)
+            if col not in seen:
+                seen.add(col)
+                self.hooks.register(col)
             by_mapper.setdefault(state.mapper, []).append(JobKey(col.table, col.name, key))
 
         for state, columns in self._semantic(session.new):
@@ -291,7 +297,15 @@ class SessionTracker:
         conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
-        jobs = outbox.enqueue(conn, keys, claimed_by=token, lease=self.hooks.lease)
+        hold = 0.0 if joined else self.hooks.hold(conn)
+        jobs = outbox.enqueue(
+            conn,
+            keys,
+            claimed_by=token,
+            lease=self.hooks.lease,
+            hold=hold,
+            returning=bool(token or hold),  # ids only matter to an inline sync
+        )
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.keys.update(keys)
         part.ids.extend(job.id for job in jobs)

@@ -1,39 +1,48 @@
-"""Workers that drain the outbox: in a background thread, or as ``semantic-orm worker``.
+"""Workers that drain the outbox: a thread, an asyncio task, or ``semantic-orm worker``.
 
 A worker repeatedly claims due jobs and syncs them (:meth:`SemanticIndex.process`). Retries back
 off exponentially up to ``retry_cap``; transient errors (the store is unreachable) are retried
 until they succeed, permanent ones (a value that cannot be embedded) are dead-lettered after
-``max_attempts`` and never block the others.
+``max_attempts`` and never block the others. An idle worker only reads: it takes no write lock
+until a job is due.
 
-On PostgreSQL run as many workers as you like, in as many processes: jobs are claimed with
-``FOR UPDATE SKIP LOCKED`` and each row is synced by one worker at a time. On SQLite run one.
-With Qdrant Edge, the store directory belongs to one process: run the worker in the
-application's process (:meth:`Worker.start`), or use a Qdrant server.
+On PostgreSQL run as many workers as you like, in as many processes: jobs are leased in short
+transactions (``FOR UPDATE SKIP LOCKED``, one row synced by one worker at a time). On SQLite run
+one, in the application's process (where it waits for the application's own transactions
+instead of failing them). With Qdrant Edge, the store directory belongs to one process: run the
+worker in the application's process, or use a Qdrant server::
 
-    worker = Worker(index, engine).start()   # background thread
+    worker = Worker(index, engine).start()        # a daemon thread
     ...
     worker.stop()
+
+    worker = AsyncWorker(index, async_engine)     # an asyncio task (FastAPI's lifespan)
+    worker.start()
+    ...
+    await worker.stop()
+
+Both count what they did (:attr:`Worker.totals`, a
+:class:`~semantic_orm.processing.ProcessReport`), which ``semantic-orm worker`` prints at an
+interval.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import sessionmaker
-
 from .index import SemanticIndex
 from .processing import ProcessReport
 
-__all__ = ["Worker"]
+__all__ = ["AsyncWorker", "Worker"]
 
 log = logging.getLogger("semantic_orm")
 
 
 class Worker:
-    """Drains an index's outbox.
+    """Drains an index's outbox in this thread (:meth:`run`) or a daemon thread (:meth:`start`).
 
     Args:
         index: The index whose jobs to process.
@@ -45,7 +54,7 @@ class Worker:
     def __init__(
         self,
         index: SemanticIndex,
-        bind: Engine | sessionmaker[Any] | None = None,
+        bind: Any = None,
         *,
         batch_size: int = 256,
         poll_interval: float = 1.0,
@@ -54,14 +63,19 @@ class Worker:
         self.bind = bind
         self.batch_size = batch_size
         self.poll_interval = poll_interval
-        self.processed = 0
+        self.totals = ProcessReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def processed(self) -> int:
+        """Jobs done so far."""
+        return self.totals.done
 
     def run_once(self) -> ProcessReport:
         """Process one batch of due jobs."""
         report = self.index.process(self.bind, limit=self.batch_size)
-        self.processed += report.done
+        self.totals.add(report)
         return report
 
     def run(self, *, stop_when_idle: bool = False) -> None:
@@ -93,3 +107,68 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+
+class AsyncWorker:
+    """Drains an index's outbox as an asyncio task, never blocking the event loop.
+
+    SQL is awaited on the loop; embedding and store calls run in worker threads.
+
+    Args:
+        index: The index whose jobs to process.
+        bind: The ``AsyncEngine`` (or ``async_sessionmaker``) whose database holds the outbox.
+        batch_size: Jobs claimed per pass.
+        poll_interval: Seconds to sleep when no job is due.
+    """
+
+    def __init__(
+        self,
+        index: SemanticIndex,
+        bind: Any = None,
+        *,
+        batch_size: int = 256,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.index = index
+        self.bind = bind
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.totals = ProcessReport()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self) -> ProcessReport:
+        """Process one batch of due jobs."""
+        report = await self.index.aprocess(self.bind, limit=self.batch_size)
+        self.totals.add(report)
+        return report
+
+    async def run(self, *, stop_when_idle: bool = False) -> None:
+        """Process jobs until :meth:`stop` is called (or, optionally, until none is due)."""
+        while not self._stop.is_set():
+            try:
+                report = await self.run_once()
+            except Exception:  # the database itself failed: log, wait, try again
+                log.exception("semantic_orm worker: processing failed")
+                report = ProcessReport()
+            if report.claimed == 0:
+                if stop_when_idle:
+                    return
+                try:
+                    await asyncio.wait_for(self._stop.wait(), self.poll_interval)
+                except TimeoutError:
+                    pass
+
+    def start(self) -> asyncio.Task[None]:
+        """Run as a task of the running event loop; returns the task."""
+        if self._task is None or self._task.done():
+            self._stop.clear()
+            self._task = asyncio.get_running_loop().create_task(self.run())
+        return self._task
+
+    async def stop(self) -> None:
+        """Stop after the current batch, and wait for it."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+            self._task = None

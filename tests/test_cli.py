@@ -96,3 +96,166 @@ def test_cli_rebuild_and_gc(
     finally:
         app.index.close()
         app.engine.dispose()
+
+
+@pytest.fixture
+def app(tables: Engine, tmp_path: Path, monkeypatch: Any) -> Any:
+    """``tests.cli_app`` imported afresh on this test's database and vector directory."""
+    import importlib
+
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", tables.url.render_as_string(hide_password=False))
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "cli-vectors"))
+    sys.modules.pop("tests.cli_app", None)
+    module = importlib.import_module("tests.cli_app")
+    yield module
+    module.index.close()
+    module.engine.dispose()
+
+
+def test_version_and_one_line_errors(app: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from semantic_orm import __version__
+
+    with pytest.raises(SystemExit) as done:
+        cli_main(["--version"])
+    assert done.value.code == 0 and __version__ in capsys.readouterr().out
+    assert cli_main(["status", "no_such_module:index"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("semantic-orm: cannot import 'no_such_module'") and "Traceback" not in err
+    assert cli_main(["status", "tests.cli_app:missing"]) == 2
+    assert "has no attribute 'missing'" in capsys.readouterr().err
+    assert cli_main(["reindex", "tests.cli_app:index", "tests.models:Nope"]) == 2
+    assert "has no attribute 'Nope'" in capsys.readouterr().err
+
+
+def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    import importlib
+
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "v"))
+    sys.modules.pop("tests.cli_app", None)
+    module = importlib.import_module("tests.cli_app")
+    try:
+        code = cli_main(["reindex", "tests.cli_app:index", "tests.models:Article"])
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]  # after the progress bar's line
+        assert code == 1 and last.startswith("semantic-orm: database error:")
+        assert "article" in last and "Traceback" not in err
+    finally:
+        module.index.close()
+        module.engine.dispose()
+
+
+def test_jobs_no_loaded_model_maps_are_reported(
+    app: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from semantic_orm import outbox
+
+    with app.engine.begin() as conn:
+        outbox.enqueue(conn, [outbox.JobKey("ghost", "body", "1")])
+    assert cli_main(["status", "tests.cli_app:index"]) == 1
+    assert "1 jobs name ghost.body, which no loaded model maps" in capsys.readouterr().err
+    assert cli_main(["worker", "tests.cli_app:index", "--once", "--poll", "0.01"]) == 2
+    assert "ghost.body" in capsys.readouterr().err
+
+
+def test_status_groups_errors_and_requeue_takes_a_column_and_a_row(
+    app: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from semantic_orm import outbox
+
+    with app.Session() as s:
+        s.add_all(Article(id=i, title="t", content=f"row {i}") for i in (1, 2))
+        s.commit()
+    with app.engine.begin() as conn:  # both jobs failed for good, for the same reason
+        conn.execute(
+            outbox.outbox.update().values(dead=True, attempts=5, last_error="EmbeddingError: boom")
+        )
+    assert cli_main(["status", "tests.cli_app:index"]) == 0
+    out = capsys.readouterr().out
+    assert "2 dead: EmbeddingError: boom" in out
+    assert cli_main(["requeue", "tests.cli_app:index", "Article.content", "--pk", "2"]) == 0
+    assert "requeued 1 dead-lettered jobs" in capsys.readouterr().out
+    assert cli_main(["worker", "tests.cli_app:index", "--once", "--poll", "0.01"]) == 0
+    assert "1 jobs done" in capsys.readouterr().err
+    assert cli_main(["requeue", "tests.cli_app:index", "article.content"]) == 0
+    assert "requeued 1 dead-lettered jobs" in capsys.readouterr().out
+
+
+def test_commands_that_embed_nothing_load_no_model(tables: Engine, tmp_path: Path) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from semantic_orm import EdgeStore, SemanticIndex, SentenceTransformerEmbedder
+    from semantic_orm.maintenance import gc, status
+
+    embedder = SentenceTransformerEmbedder()
+    idx = SemanticIndex(store=EdgeStore(tmp_path / "v"), embedder=embedder, models=[Article])
+    factory = sessionmaker(tables)
+    idx.install(factory)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content=None))  # nothing to embed
+        s.commit()
+    status(idx, tables)
+    gc(idx, tables, dry_run=True)
+    assert not embedder.loaded
+    idx.uninstall(factory)
+    idx.close()
+
+
+HOLDER = """
+import os, sys, time
+sys.path.insert(0, os.environ["ROOT"])
+import tests.cli_app as app
+from tests.models import Article
+with app.Session() as s:
+    s.add(Article(id=1, title="t", content="the first process holds the shard"))
+    s.commit()
+app.index.drain(app.engine, timeout=30)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_process_on_an_edge_directory_gets_one_clear_error(
+    tables: Engine, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+    import os
+    import subprocess
+
+    from semantic_orm import VectorStoreError
+
+    env = {
+        **os.environ,
+        "ROOT": str(Path(__file__).resolve().parents[1]),
+        "SEMANTIC_ORM_TEST_DB": tables.url.render_as_string(hide_password=False),
+        "SEMANTIC_ORM_TEST_VECTORS": str(tmp_path / "shared-vectors"),
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        for name in ("SEMANTIC_ORM_TEST_DB", "SEMANTIC_ORM_TEST_VECTORS"):
+            monkeypatch.setenv(name, env[name])
+        sys.modules.pop("tests.cli_app", None)
+        app = importlib.import_module("tests.cli_app")
+        with app.Session() as s, pytest.raises(VectorStoreError) as info:
+            Article.semantic_search(s, "first process", limit=1, index=app.index)
+        message = str(info.value)
+        assert str(tmp_path / "shared-vectors") in message and f"pid {holder.pid}" in message
+        assert "QdrantClientStore(url=" in message and "one process" in message
+        with app.Session() as s:  # a write still commits; its job waits for the shard
+            s.add(Article(id=2, title="t", content="written by the second process"))
+            s.commit()
+        for argv in (
+            ["status", "tests.cli_app:index"],
+            ["worker", "tests.cli_app:index", "--once"],
+        ):
+            assert cli_main(argv) == 1
+            err = capsys.readouterr().err
+            assert f"pid {holder.pid}" in err and "Traceback" not in err
+        app.index.close()
+        app.engine.dispose()
+    finally:
+        holder.kill()
+        holder.wait()

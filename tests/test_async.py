@@ -1,0 +1,157 @@
+"""Async applications: AsyncSession, async_sessionmaker, awaitable search, adrain, AsyncWorker.
+
+On aiosqlite and asyncpg (against the throwaway PostgreSQL), both store adapters, the fake
+embedder. The event loop must never run the embedding: a probe task measures the longest gap
+between its ticks while a commit syncs with an embedder that blocks its thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search
+from semantic_orm.testing import HashEmbedder
+
+from .helpers import COLL
+from .models import Article, Base
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture
+async def aengine(db_url: Any) -> AsyncIterator[AsyncEngine]:
+    """An async engine on each database (aiosqlite, asyncpg), tables created."""
+    driver = "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
+    engine = create_async_engine(db_url.set(drivername=driver))
+    async with engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    yield engine
+    await engine.dispose()
+
+
+class Blocking(HashEmbedder):
+    """Blocks its thread while it embeds (as a real model on a CPU does)."""
+
+    def encode(self, texts: Any) -> Any:
+        time.sleep(0.3)
+        return super().encode(texts)
+
+
+async def _longest_stall(work: Any) -> float:
+    """Run ``work`` while a task ticks every 5 ms; the longest gap between ticks, in seconds."""
+    stop = asyncio.Event()
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    await work()
+    stop.set()
+    await ticker
+    return max(gaps)
+
+
+async def test_async_sessions_sync_off_the_loop_and_search(
+    aengine: AsyncEngine, store: Any
+) -> None:
+    idx = SemanticIndex(store=store, embedder=Blocking())
+    factory = async_sessionmaker(aengine, expire_on_commit=False)
+    idx.install(factory)
+    try:
+
+        async def commit() -> None:
+            async with factory() as s:
+                s.add_all(
+                    Article(title=f"t{i}", content=f"document {i} about rivers and lakes")
+                    for i in range(50)
+                )
+                s.add(Article(title="code", content="the part number XR-7734 is special"))
+                await s.commit()
+            await idx.adrain(factory, timeout=30)  # the sync the commit started, awaited
+
+        stall = await _longest_stall(commit)
+        assert stall < 0.25  # the embedder blocked its thread 0.3 s per call, never the loop
+        assert store.count(COLL) == 51
+        async with factory() as s:
+            hits = await Article.asemantic_search(s, "XR-7734", limit=1, mode="keyword")
+            assert hits[0].obj.title == "code" and "XR-7734" in hits[0].chunk.text
+            same = await asemantic_search(s, Article, "rivers and lakes", limit=3)
+            assert len(same) == 3 and all("rivers" in h.text for h in same)
+            (row,) = (await s.scalars(select(Article).where(Article.title == "t3"))).all()
+            await s.delete(row)
+            await s.commit()
+        await idx.adrain(factory, timeout=30)
+        assert store.count(COLL) == 50
+    finally:
+        idx.uninstall(factory)
+
+
+async def test_deferred_mode_with_an_async_worker(aengine: AsyncEngine, store: Any) -> None:
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), mode="deferred")
+    factory = async_sessionmaker(aengine)
+    idx.install(factory)
+    worker = AsyncWorker(idx, aengine, poll_interval=0.01)
+    try:
+        async with factory() as s:
+            s.add_all(Article(title=f"t{i}", content=f"queued row {i}") for i in range(5))
+            await s.commit()
+        assert store.count(COLL) == 0  # deferred: the commit only queued
+        worker.start()
+        deadline = time.monotonic() + 20
+        while worker.totals.done < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert worker.totals.done == 5 and store.count(COLL) == 5
+    finally:
+        await worker.stop()
+        idx.uninstall(factory)
+
+
+async def test_one_async_session_and_async_scoped_sessions(
+    aengine: AsyncEngine, store: Any
+) -> None:
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = async_sessionmaker(aengine, expire_on_commit=False)
+    session = factory()
+    idx.install(session)  # one AsyncSession
+    session.add(Article(title="one", content="installed on this session only"))
+    await session.commit()
+    await idx.adrain(aengine, timeout=30)
+    assert store.count(COLL) == 1
+    async with factory() as other:  # another session of the factory is not synced
+        other.add(Article(title="two", content="not installed here"))
+        await other.commit()
+    assert store.count(COLL) == 1
+    idx.uninstall(session)
+    await session.close()
+
+    scoped = async_scoped_session(factory, scopefunc=asyncio.current_task)
+    idx.install(scoped)
+    try:
+        scoped.add(Article(title="three", content="through an async scoped session"))
+        await scoped.commit()
+        await idx.adrain(scoped, timeout=30)
+        hits = await Article.asemantic_search(scoped, "async scoped", limit=1, mode="keyword")
+        assert hits[0].obj.title == "three"
+    finally:
+        await scoped.remove()
+        idx.uninstall(scoped)

@@ -20,10 +20,12 @@ The save path, one module per step:
 
 1. :mod:`~semantic_orm.staging` writes an outbox job for each changed row in the writer's own
    transaction (:mod:`~semantic_orm.outbox`);
-2. after a durable commit, with ``mode="inline"`` (the default), the committing thread hands the
-   commit's jobs to :mod:`~semantic_orm.processing` (claim, read, settle); with
+2. after a durable commit, with ``mode="inline"`` (the default), the commit's jobs go to
+   :mod:`~semantic_orm.processing` (claim, read, settle): in the committing thread for a sync
+   session, as a task on the loop for an ``AsyncSession`` (:meth:`SemanticIndex.adrain` waits
+   for it), in a worker thread for a sync session inside a running loop; with
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
-   ``semantic-orm worker``). Jobs that failed are retried in the background after later
+   :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``). Jobs that failed are retried in the background after later
    commits, by a worker, or by :meth:`SemanticIndex.drain`;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).

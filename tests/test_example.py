@@ -37,3 +37,23 @@ def test_knowledge_base_demo_prints_ranked_highlighted_hits(
     assert first_hits == ["Introduction au SYSCOHADA", "The 1998 World Cup"]
     assert "[[" in blocks[0] and "]]" in blocks[0]  # the matched passage is marked
     assert "plan comptable" in blocks[0].split("[[", 1)[1].split("]]", 1)[0]
+
+
+def test_readme_in_your_app_snippet_runs_as_printed(tmp_path: Path) -> None:
+    """The README's first Python block, run verbatim in a fresh directory and interpreter."""
+    import os
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## In your app", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "Introduction au SYSCOHADA" in lines[0]
+    assert "**" in run.stdout and "plan comptable des entreprises" in run.stdout
+    assert (tmp_path / "app.sqlite3").exists() and (tmp_path / "vectors").is_dir()

@@ -25,8 +25,9 @@ The save path, one module per step:
    session, as a task on the loop for an ``AsyncSession`` (:meth:`SemanticIndex.adrain` waits
    for it), in a worker thread for a sync session inside a running loop; with
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
-   :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``). Jobs that failed are retried in the background after later
-   commits, by a worker, or by :meth:`SemanticIndex.drain`;
+   :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
+   Jobs that failed are retried in the background after later commits, by a worker, or by
+   :meth:`SemanticIndex.drain`;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 

@@ -23,9 +23,9 @@ import hashlib
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import keywords, signals
 from .binding import ColumnBinding
@@ -36,7 +36,7 @@ from .keywords import KEYWORDS_VERSION
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
 
-__all__ = ["Applier", "ApplyReport", "SyncOp", "text_hash"]
+__all__ = ["Applier", "ApplyReport", "RowValue", "SyncOp", "text_hash"]
 
 log = logging.getLogger("semantic_orm")
 
@@ -52,13 +52,33 @@ def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
 
 
+class RowValue(NamedTuple):
+    """A row's current semantic text and the payload values of its filter fields."""
+
+    text: str | None
+    fields: dict[str, Any]
+
+
 @dataclass(frozen=True, slots=True)
 class SyncOp:
-    """Make the index hold ``text`` for one row's column; ``text=None`` removes the row."""
+    """Make the index hold ``text`` for one row's column; ``text=None`` removes the row.
+
+    ``fields`` are the row's filter values (``SemanticText(filter_by=...)``), stored in every
+    point's payload; when only they changed, the points get a new payload and keep their
+    vectors.
+    """
 
     binding: ColumnBinding
     pk: str
     text: str | None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, binding: ColumnBinding, pk: str, row: RowValue | None) -> SyncOp:
+        """The op for a row as read (``None``: the row is gone)."""
+        if row is None:
+            return cls(binding, pk, None)
+        return cls(binding, pk, row.text, row.fields)
 
     @property
     def key(self) -> JobKey:
@@ -154,6 +174,7 @@ class Applier:
         config = binding.fingerprint
 
         rows: list[tuple[str, str | None, list[Chunk]]] = []
+        fields = {op.pk: op.fields for op in ops}
         for op in ops:
             _yield()
             chunks = self._chunks(binding, op.text)
@@ -197,6 +218,7 @@ class Applier:
                     analyzer=str(KEYWORDS_VERSION),
                     text_hash=whole,
                     meta=dict(chunk.metadata),
+                    fields=fields[pk],
                 ).to_dict()
                 if current.get((pk, chunk.index)) == payload:
                     report.reused += 1

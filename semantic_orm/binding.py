@@ -29,11 +29,12 @@ from typing import Any
 from .chunking import Chunker
 from .embedding import Embedder
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
+from .filtering import FilterField, describe, filter_fields
 from .mapping import SemanticColumn
 from .stores.base import CollectionSpec, Store
 from .version import __version__
 
-__all__ = ["Bindings", "ColumnBinding", "drift", "fingerprint"]
+__all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
 
 log = logging.getLogger("semantic_orm")
 
@@ -66,6 +67,11 @@ class ColumnBinding:
         return self.column.label
 
     @functools.cached_property
+    def fields(self) -> tuple[FilterField, ...]:
+        """The filter attributes whose values travel in the payload (``filter_by=``)."""
+        return filter_fields(self.column)
+
+    @functools.cached_property
     def spec(self) -> CollectionSpec:
         """What the target collection must hold."""
         column = self.column
@@ -78,7 +84,9 @@ class ColumnBinding:
                 "table": column.table,
                 "column": column.name,
                 "semantic_orm": __version__,
+                "filter_by": describe(self.fields),
             },
+            indexes=tuple(f.index() for f in self.fields),
         )
 
     @functools.cached_property
@@ -95,8 +103,9 @@ class ColumnBinding:
 def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
     """What differs between a collection's recorded metadata and what ``spec`` would record.
 
-    Compares the model, the dimension and each chunker setting; the library version is not a
-    difference. Settings a collection did not record (older servers) are not compared.
+    Compares the model, the dimension and each chunker setting; the library version and the
+    filter fields (:func:`filter_drift`: payload only, no vector changes) are not differences.
+    Settings a collection did not record (older servers) are not compared.
 
     Returns:
         ``{setting: (recorded, declared)}``, empty when nothing changed.
@@ -114,6 +123,16 @@ def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str,
             if old.get(key) != new.get(key):
                 changes[f"chunker.{key}"] = (old.get(key), new.get(key))
     return changes
+
+
+def filter_drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, Any]:
+    """The filter fields declared now that the collection's points may not all carry yet
+    (declared after it was built, or with another kind): ``{name: kind}``."""
+    declared = spec.metadata.get("filter_by") or {}
+    if not recorded:
+        return {}
+    have = recorded.get("filter_by") or {}
+    return {name: kind for name, kind in declared.items() if have.get(name) != kind}
 
 
 def drift_error(
@@ -166,6 +185,7 @@ class Bindings:
         self._owners: dict[str, tuple[str, str, str]] = {}  # collection -> table, column, label
         self._checked: dict[str, str] = {}  # collection -> fingerprint checked for writing
         self._searchable: dict[str, str] = {}  # drifted in chunking only: searchable
+        self._untrusted: dict[str, frozenset[str]] = {}  # collection -> filter fields not filled
         self._lock = threading.RLock()
 
     # -- columns -------------------------------------------------------------------------------
@@ -247,7 +267,9 @@ class Bindings:
             if not changes:
                 raise  # not a setting that changed (e.g. a collection of an older layout)
             raise drift_error(binding, name, changes) from exc
-        changes = drift(self.store.collection_info(name), spec)
+        recorded = self.store.collection_info(name)
+        self._note_filters(binding, recorded)
+        changes = drift(recorded, spec)
         if not changes:
             self._checked[name] = binding.fingerprint
             return
@@ -256,6 +278,33 @@ class Bindings:
             self._searchable[name] = binding.fingerprint
             return
         raise drift_error(binding, name, changes)
+
+    def _note_filters(self, binding: ColumnBinding, recorded: Mapping[str, Any] | None) -> None:
+        pending = filter_drift(recorded, binding.spec)
+        self._untrusted[binding.target] = frozenset(pending)
+        if pending:
+            cls = binding.column.mapped_class
+            log.warning(
+                "semantic_orm: %s declares filter_by field(s) %s that the points of %r do not "
+                "all carry yet; where= on them filters in SQL until the payloads are "
+                "refreshed: semantic-orm reindex MODULE:index %s:%s --all (embeds nothing "
+                "that did not change)",
+                binding.label,
+                ", ".join(sorted(pending)),
+                binding.target,
+                cls.__module__,
+                cls.__qualname__,
+            )
+
+    def untrusted(self, binding: ColumnBinding) -> frozenset[str]:
+        """The filter fields of ``binding`` not every point of its collection carries yet."""
+        found = self._untrusted.get(binding.collection)
+        if found is None:
+            found = frozenset(
+                filter_drift(self.store.collection_info(binding.collection), binding.spec)
+            )
+            self._untrusted[binding.collection] = found
+        return found
 
     def drift_of(self, binding: ColumnBinding) -> dict[str, tuple[Any, Any]]:
         """What changed since ``binding``'s collection was built (empty if nothing or new)."""
@@ -266,3 +315,4 @@ class Bindings:
         for name in (binding.collection, binding.target):
             self._checked.pop(name, None)
             self._searchable.pop(name, None)
+            self._untrusted.pop(name, None)

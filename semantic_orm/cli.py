@@ -256,6 +256,18 @@ def _status_table(found: list[ColumnStatus]) -> None:
         )
         for setting, (old, new) in s.drift.items():
             print(f"  drift: {setting} {old!r} -> {new!r} (reindex --rebuild)")
+        state = s.index_state
+        if state:
+            unindexed = state["points"] - state["indexed"]
+            print(
+                f"  vector index: {state['points']} points, {unindexed} not yet in the built "
+                f"index, {state['segments']} segments"
+            )
+        if s.unfilled_filters:
+            print(
+                f"  filter_by {', '.join(s.unfilled_filters)}: not in every payload yet; "
+                "where= on them filters in SQL until reindex --all"
+            )
         for e in s.errors:
             print(f"  {e['jobs']} {e['state']}: {e['error'][:160]} (e.g. row {e['example_pk']})")
 

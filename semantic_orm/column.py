@@ -42,6 +42,8 @@ _DEFAULTS: dict[str, Any] = {
     "overlap": DEFAULT_OVERLAP,
     "model": None,
     "collection": None,
+    "filter_by": (),
+    "tenant": None,
 }
 """Every constructor setting and its default: drives ``repr()``, ``copy()`` and the cache key."""
 
@@ -56,10 +58,18 @@ class SemanticText(TypeDecorator[str]):
         overlap: Characters shared by consecutive chunks.
         model: Embedding model name or path for this column; ``None`` uses the index's default.
         collection: Vector collection name; ``None`` derives ``"<table>__<column>"``.
+        filter_by: Attributes of the same row whose values travel with the vectors (integers,
+            strings, booleans, dates and datetimes), so that a ``where=`` on them runs inside
+            the vector store: ``filter_by=("tenant_id", "lang", "published_at")``. Changing
+            only them updates the points' payload without embedding anything.
+        tenant: The one of ``filter_by`` that partitions the rows by tenant (indexed as a
+            tenant, so that one tenant's search reads that tenant's points); added to
+            ``filter_by`` if missing there.
 
     Raises:
         ConfigurationError: When a setting is invalid (unknown strategy, ``overlap >= chunk_size``,
-            ``chunk_size <= 0``); raised when the model is declared, not at first save.
+            ``chunk_size <= 0``, ``filter_by`` not a tuple of names); raised when the model is
+            declared, not at first save.
     """
 
     impl = Text
@@ -72,6 +82,8 @@ class SemanticText(TypeDecorator[str]):
         overlap: int = DEFAULT_OVERLAP,
         model: str | None = None,
         collection: str | None = None,
+        filter_by: str | tuple[str, ...] | list[str] = (),
+        tenant: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(chunker, str):
@@ -84,6 +96,17 @@ class SemanticText(TypeDecorator[str]):
         self.overlap = overlap
         self.model = model
         self.collection = collection
+        names = (filter_by,) if isinstance(filter_by, str) else filter_by
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+            raise ConfigurationError(
+                f"SemanticText(filter_by=...) takes attribute names, got {filter_by!r}"
+            )
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"SemanticText(filter_by=...) repeats a name: {filter_by!r}")
+        if tenant is not None and tenant not in names:
+            names = (*names, tenant)  # the tenant key always travels with the vectors
+        self.filter_by: tuple[str, ...] = tuple(names)
+        self.tenant = tenant
         self.make_chunker()  # validate now, when the model is declared
 
     def make_chunker(self) -> Chunker:

@@ -34,6 +34,7 @@ __all__ = [
     "ConfigurationError",
     "EmbeddingDriftError",
     "EmbeddingError",
+    "FilterFallbackWarning",
     "MissingDependencyError",
     "SemanticORMError",
     "SemanticTypeError",
@@ -112,6 +113,10 @@ class SyncError(SemanticORMError, RuntimeError):
 
 class ChunkTooLongWarning(UserWarning):
     """Chunks are longer than the embedding model's window, so their ends are not embedded."""
+
+
+class FilterFallbackWarning(UserWarning):
+    """A search's ``where=`` ran in SQL only and read far more rows than it returned."""
 
 
 def is_transient(error: BaseException) -> bool:

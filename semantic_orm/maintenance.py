@@ -37,6 +37,7 @@ from . import outbox
 from .applying import SyncOp, text_hash
 from .binding import ColumnBinding, drift
 from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
+from .filtering import describe
 from .index import SemanticIndex
 from .mapping import SemanticColumn, key_values, row_key, rows_page, semantic_columns
 from .outbox import JobKey
@@ -181,6 +182,14 @@ def reindex(
                 bar.update(len(keys))
     if process and queued:
         _drain(index, engine, queued, f"embed {model.__name__}", progress)
+    for col in columns:
+        binding = index.binding_for(col)
+        if all_rows and process and index.bindings.untrusted(binding):
+            # every row's payload now carries the declared filter fields: where= may use them
+            index.store.update_metadata(binding.collection, {"filter_by": describe(binding.fields)})
+            index.bindings.forget(binding)
+        if process and index.store.collection_info(binding.collection) is not None:
+            index.store.optimize(binding.collection)  # build the vector index once, now
     return queued
 
 
@@ -372,6 +381,10 @@ class ColumnStatus:
     """Pending jobs that failed at least once."""
     errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The last errors of dead and retrying jobs, grouped by cause."""
+    index_state: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The store's vector index: ``points``, ``indexed`` (in a built index), ``segments``."""
+    unfilled_filters: list[str] = dataclasses.field(default_factory=list)
+    """``filter_by`` fields not every point carries yet (``reindex --all`` fills them)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -386,6 +399,8 @@ class ColumnStatus:
             "dead_jobs": self.dead_jobs,
             "oldest_pending_age_s": self.oldest_pending_age,
             "errors": self.errors,
+            "index": self.index_state,
+            "unfilled_filters": self.unfilled_filters,
         }
 
 
@@ -423,6 +438,12 @@ def status(
                     errors=[
                         e for e in errors if (e["table"], e["column"]) == (col.table, col.name)
                     ],
+                    index_state=(
+                        index.store.index_state(binding.collection)
+                        if index.store.collection_info(binding.collection) is not None
+                        else {}
+                    ),
+                    unfilled_filters=sorted(index.bindings.untrusted(binding)),
                 )
             )
     return out
@@ -540,8 +561,8 @@ def rebuild(
             for page in _pages(engine, col, (), batch_size):
                 part = [key for key, _ in page]
                 with Session(engine) as session:
-                    values = read_values(session, col, part)
-                report = index.applier.apply([SyncOp(build, pk, values.get(pk)) for pk in part])
+                    values = read_values(session, col, part, build.fields)
+                report = index.applier.apply([SyncOp.of(build, pk, values.get(pk)) for pk in part])
                 for group, error in report.failed:
                     if is_transient(error):
                         raise SyncError(
@@ -553,6 +574,7 @@ def rebuild(
                 reused += report.reused
                 rows += len(part)
                 bar.update(len(part))
+        index.store.optimize(target)  # the new collection answers from a built index
         if switch:
             _switch(index, engine, binding, target)
         reports.append(

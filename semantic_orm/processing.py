@@ -37,9 +37,10 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
 from . import outbox
-from .applying import Applier, ApplyReport, SyncOp
+from .applying import Applier, ApplyReport, RowValue, SyncOp
 from .binding import ColumnBinding
 from .exc import ConfigurationError, is_transient
+from .filtering import FilterField, row_fields
 from .gate import WriteGate
 from .mapping import SemanticColumn, pk_in, row_key
 from .outbox import Job, JobKey
@@ -111,18 +112,26 @@ class Blocked(Exception):
 
 
 def read_values(
-    session: Session, column: SemanticColumn, pks: Sequence[str]
-) -> dict[str, str | None]:
-    """``column``'s current value for each row key in ``pks`` that exists, 500 keys a query."""
+    session: Session,
+    column: SemanticColumn,
+    pks: Sequence[str],
+    fields: Sequence[FilterField] = (),
+) -> dict[str, RowValue]:
+    """``column``'s current value (and ``fields``') for each row key in ``pks`` that exists,
+    500 keys a query."""
     mapper = column.mapper
     cls = column.mapped_class
     keys = [getattr(cls, mapper.get_property_by_column(c).key) for c in mapper.primary_key]
-    value = getattr(cls, column.key)
-    values: dict[str, str | None] = {}
+    extra = [getattr(cls, f.name) for f in fields]
+    n = len(keys)
+    values: dict[str, RowValue] = {}
     for start in range(0, len(pks), 500):
-        stmt = select(*keys, value).where(pk_in(mapper, list(pks[start : start + 500])))
+        stmt = select(*keys, getattr(cls, column.key), *extra).where(
+            pk_in(mapper, list(pks[start : start + 500]))
+        )
         for row in session.execute(stmt):
-            values[row_key(tuple(row)[:-1])] = row[-1]
+            cells = tuple(row)
+            values[row_key(cells[:n])] = RowValue(cells[n], row_fields(fields, cells[n + 1 :]))
     return values
 
 
@@ -327,8 +336,8 @@ class _Pass:
                 if binding is None:
                     unknown.extend(JobKey(table, column, pk) for pk in pks)
                     continue
-                values = read_values(session, binding.column, pks)
-                self.ops.extend(SyncOp(binding, pk, values.get(pk)) for pk in pks)
+                values = read_values(session, binding.column, pks, binding.fields)
+                self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
             session.rollback()
         if unknown:
             self.report.unknown = unknown

@@ -50,10 +50,12 @@ the session, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
+import warnings
 import weakref
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
 
@@ -65,11 +67,12 @@ from sqlalchemy.orm import Mapper, Session, scoped_session
 from . import keywords, signals
 from .binding import ColumnBinding
 from .chunking import Chunk
-from .exc import ConfigurationError
+from .exc import ConfigurationError, FilterFallbackWarning
+from .filtering import compile_where
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order
-from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Ranking, SearchRequest, StoreHit
+from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Filter, Ranking, SearchRequest, StoreHit
 
 __all__ = [
     "DEFAULT_MODE",
@@ -94,6 +97,9 @@ MAX_OFFSET = 100_000
 MAX_DEPTH = 1_000_000
 """Deepest a ranking is read (chunks)."""
 DEFAULT_CANDIDATES = 100
+SCAN_WARNING_ROWS = 1_000
+"""Rows a where= in SQL may load before :class:`FilterFallbackWarning` says so."""
+log = logging.getLogger("semantic_orm")
 
 T = TypeVar("T")
 AnySession = Session | scoped_session[Any]
@@ -400,15 +406,45 @@ def _load_wave(
     rows.wave = min(rows.wave * 2, 500)
 
 
+def _store_filter(
+    binding: ColumnBinding, where: Any, untrusted: frozenset[str]
+) -> tuple[Filter | None, str]:
+    """``where=`` compiled for the store (see :mod:`semantic_orm.filtering`), or why not."""
+    flt, why = compile_where(where, binding.fields, lambda f: f.name not in untrusted)
+    if where is not None:
+        log.debug(
+            "semantic_orm: %s search: where= %s",
+            binding.label,
+            "filtered inside the vector store" if flt is not None else f"filtered in SQL ({why})",
+        )
+    return flt, why
+
+
+def _warn_scan(binding: ColumnBinding, why: str, scanned: int, returned: int) -> None:
+    """Warn when a where= that ran in SQL only read far more rows than it returned."""
+    if scanned < SCAN_WARNING_ROWS or scanned < 20 * max(returned, 1):
+        return
+    warnings.warn(
+        FilterFallbackWarning(
+            f"{binding.label}: a search with where= loaded {scanned:,} candidate rows from SQL "
+            f"to return {returned}, because {why}. Declare the columns it filters on in "
+            "SemanticText(filter_by=...) so that the vector store applies the filter itself."
+        ),
+        stacklevel=4,
+    )
+
+
 def _steps(
     binding: ColumnBinding,
     model: type[Any],
     query: str,
     opts: _Options,
+    untrusted: Callable[[], frozenset[str]] = frozenset,
 ) -> Generator[_Step, Any, list[SearchHit[Any]]]:
     """The whole search as a sequence of steps (embed, query the store, load rows)."""
     col = binding.column
     mapper = col.mapper
+    flt, why = _store_filter(binding, opts.where, untrusted())
     vector: npt.NDArray[np.float32] | None = None
     if opts.mode != "keyword":
         if opts.query_vector is not None:
@@ -434,7 +470,7 @@ def _steps(
         lo, hi = tier * depth, (tier + 1) * depth
         if fusion is not None and threshold is not None and fusion.bound(lo) < threshold:
             break  # no point this deep can reach the threshold
-        yield from _fetch(lists, binding.collection, hi, None)
+        yield from _fetch(lists, binding.collection, hi, flt)
         if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
             break
         ranked = fuse_tier({n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier)
@@ -470,6 +506,8 @@ def _steps(
             best = row_chunks[pk]
             obj = rows.loaded[pk]
             hits.append(SearchHit(obj, best[0].score, tuple(best), _text(obj, col)))
+    if opts.where is not None and flt is None:
+        _warn_scan(binding, why, len(rows.loaded) + len(rows.rejected), len(hits))
     return hits[opts.offset : want]
 
 
@@ -527,7 +565,8 @@ class _Search:
         self.model = model
         self.query = query
         self.started = time.perf_counter()
-        self._steps = _steps(self.binding, model, query, opts)
+        binding = self.binding
+        self._steps = _steps(binding, model, query, opts, lambda: idx.bindings.untrusted(binding))
         self.hits: list[SearchHit[Any]] = []
 
     def advance(self, result: Any) -> _Step | None:

@@ -42,6 +42,7 @@ from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnEleme
 from . import outbox
 from .column import SemanticText, check_semantic_value
 from .exc import ConfigurationError
+from .filtering import filter_fields
 from .mapping import SemanticColumn, row_key, semantic_columns, table_name
 from .outbox import Job, JobKey
 
@@ -235,6 +236,8 @@ class SessionTracker:
 
     @staticmethod
     def _check(state: InstanceState[Any], col: SemanticColumn) -> None:
+        if col.settings.filter_by:
+            filter_fields(col)  # a misdeclared filter_by fails here, naming the column
         value = state.dict.get(col.key)
         if value is not None:
             check_semantic_value(value, where=col.label)
@@ -247,7 +250,7 @@ class SessionTracker:
                 self._check(state, col)
         for state, columns in self._semantic(session.dirty):
             for col in columns:
-                if state.attrs[col.key].history.has_changes():
+                if state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     self._check(state, col)
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
@@ -278,7 +281,7 @@ class SessionTracker:
                 if old is not None and old != key:  # primary key changed: old points go
                     add(state, col, old)
                     add(state, col, key)
-                elif state.attrs[col.key].history.has_changes():
+                elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     add(state, col, key)
         for state, columns in self._semantic(session.deleted):
             key = row_key(_identity(state))
@@ -339,11 +342,24 @@ class SessionTracker:
             return clauseelement, multiparams, params
         rows = list(multiparams) if multiparams else [params] if params else [{}]
         _check_values(clauseelement, rows, semantic, table)
-        plan = _plan(conn, clauseelement, rows, table, semantic)
+        plan = _plan(conn, clauseelement, rows, table, semantic, self._filter_keys(table, semantic))
         if plan is None:
             return clauseelement, multiparams, params
         self._pending.setdefault(conn, []).append(plan)
         return plan.statement, multiparams, params
+
+    def _filter_keys(self, table: Any, semantic: Sequence[Any]) -> set[str]:
+        """The keys of ``table``'s columns that travel in a semantic column's payload."""
+        mapper = self.hooks.mapper_for(table)
+        keys: set[str] = set()
+        for col in semantic:
+            for name in col.type.filter_by:
+                prop = mapper.column_attrs.get(name) if mapper is not None else None
+                if prop is None:
+                    keys.add(name)
+                else:
+                    keys.update(c.key for c in prop.columns)
+        return keys
 
     def after_execute(
         self,
@@ -378,6 +394,14 @@ class SessionTracker:
             conn,
             [JobKey(table_name(plan.table), name, key) for key in keys for name in names],
         )
+
+
+def _filters_changed(state: InstanceState[Any], col: SemanticColumn) -> bool:
+    """Whether a value that travels with ``col``'s vectors (``filter_by``) changed."""
+    attrs = state.attrs
+    return any(
+        name in attrs and attrs[name].history.has_changes() for name in col.settings.filter_by
+    )
 
 
 # -- statement analysis -------------------------------------------------------------------------
@@ -446,7 +470,12 @@ def _pk_binds(stmt: Any, table: Any) -> dict[str, str] | None:
 
 
 def _plan(
-    conn: Connection, stmt: Any, rows: list[Mapping[str, Any]], table: Any, semantic: list[Any]
+    conn: Connection,
+    stmt: Any,
+    rows: list[Mapping[str, Any]],
+    table: Any,
+    semantic: list[Any],
+    filters: set[str],
 ) -> _Plan | None:
     pk_cols = list(table.primary_key.columns)
     if not pk_cols:
@@ -459,7 +488,7 @@ def _plan(
     values = _statement_values(stmt)
     if isinstance(stmt, Update):
         changed = set(values) | {k for r in rows for k in r}
-        relevant = {c.key for c in semantic} | {c.key for c in pk_cols}
+        relevant = {c.key for c in semantic} | {c.key for c in pk_cols} | filters
         if not changed & relevant:
             return None  # other columns only: nothing to sync
     moved = [c for c in pk_cols if c.key in values or any(c.key in r for r in rows)]

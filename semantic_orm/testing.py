@@ -334,6 +334,19 @@ class MemoryStore:
         """The collections' names."""
         return sorted(self._collections)
 
+    def update_metadata(self, collection: str, changes: dict[str, Any]) -> None:
+        """Record ``changes`` in the collection's metadata."""
+        self._get(collection).meta.update(changes)
+
+    def index_state(self, collection: str) -> dict[str, int]:
+        """Exact search over one segment: every point counts as indexed."""
+        n = len(self._get(collection).points)
+        return {"points": n, "indexed": n, "segments": 1}
+
+    def optimize(self, collection: str) -> None:
+        """Nothing to build: search is exact."""
+        self._get(collection)
+
     def count(self, collection: str) -> int:
         """Points in ``collection`` (0 if missing)."""
         found = self._collections.get(collection)

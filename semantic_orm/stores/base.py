@@ -501,6 +501,18 @@ class StoreAdmin(Protocol):
         """Every point of the collection, or of one row; score is 0. For tests and tools."""
         ...
 
+    def update_metadata(self, collection: str, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into the metadata recorded with the collection."""
+        ...
+
+    def index_state(self, collection: str) -> dict[str, int]:
+        """``points``, ``indexed`` (in a built vector index) and ``segments``."""
+        ...
+
+    def optimize(self, collection: str) -> None:
+        """Build the collection's vector index now (a server does it by itself: no-op)."""
+        ...
+
     def drop_collection(self, collection: str) -> None:
         """Delete the collection and its points, if it exists."""
         ...

@@ -224,6 +224,18 @@ class QdrantClientStore(QdrantStore):
             check_collection_matches(
                 spec, size, getattr(info.config, "metadata", None), found_layout=layout
             )
+            have = set(getattr(info, "payload_schema", None) or {})
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # local mode: payload indexes are no-ops
+                for index in spec.indexes:
+                    if index.key not in have:
+                        self._call(
+                            "create_payload_index",
+                            "create_payload_index",
+                            spec.name,
+                            field_name=index.key,
+                            field_schema=_index_schema(index),
+                        )
         self._known.add(spec.name)
 
     def collection_info(self, collection: str) -> dict[str, Any] | None:
@@ -232,6 +244,26 @@ class QdrantClientStore(QdrantStore):
             return None
         info = self._call("get_collection", "get_collection", collection)
         return dict(getattr(info.config, "metadata", None) or {})
+
+    def update_metadata(self, collection: str, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into the collection's metadata (the aliased collection's)."""
+        meta = {**(self.collection_info(collection) or {}), **changes}
+        target = self._aliases().get(collection, collection)
+        self._call("update_collection", "update_collection", target, metadata=meta)
+
+    def index_state(self, collection: str) -> dict[str, int]:
+        """Points, indexed vectors and segments, as the server reports them."""
+        info = self._call("get_collection", "get_collection", collection)
+        points = int(info.points_count or 0)
+        indexed = info.indexed_vectors_count
+        return {
+            "points": points,
+            "indexed": points if indexed is None else int(indexed),
+            "segments": int(info.segments_count or 1),
+        }
+
+    def optimize(self, collection: str) -> None:
+        """A server builds its indexes by itself (its optimizer thresholds): nothing to do."""
 
     def drop_collection(self, collection: str) -> None:
         """Delete the collection if it exists (an alias: the alias and its collection)."""

@@ -1,0 +1,281 @@
+"""Filter columns (``SemanticText(filter_by=...)``): payloads, ``where=`` inside the store.
+
+The property test draws random ``where=`` expressions over the declared columns and checks that
+the search returns exactly the rows SQL selects, in the order of the unfiltered ranking, on
+both databases and both store adapters, and that the filter really ran in the store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import random
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Boolean, DateTime, Engine, Integer, String, and_, not_, or_, select, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from semantic_orm import (
+    ConfigurationError,
+    EdgeStore,
+    FilterFallbackWarning,
+    SemanticIndex,
+    SemanticText,
+    semantic_search,
+    signals,
+)
+from semantic_orm.filtering import compile_where, filter_fields
+from semantic_orm.mapping import semantic_columns
+from semantic_orm.testing import HashEmbedder
+
+from .helpers import assert_index_matches_database
+
+WORDS = "river mountain forest ocean desert city garden winter summer music".split()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Post(Base):
+    __tablename__ = "post"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[int] = mapped_column(Integer)
+    lang: Mapped[str | None] = mapped_column(String(8))
+    draft: Mapped[bool | None] = mapped_column(Boolean)
+    published: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    other: Mapped[int | None] = mapped_column(Integer)
+    body: Mapped[str | None] = mapped_column(
+        SemanticText(
+            chunk_size=60, overlap=0, filter_by=("lang", "draft", "published"), tenant="tenant"
+        )
+    )
+
+
+def _body(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 25)))
+
+
+@pytest.fixture
+def posts(engine: Engine, store: Any) -> Iterator[sessionmaker[Any]]:
+    embedder = HashEmbedder(dimension=32)
+    idx = SemanticIndex(store=store, embedder=embedder, models=[Post])
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    rng = random.Random(7)
+    start = dt.datetime(2024, 1, 1)
+    with factory() as s:
+        for i in range(1, 81):
+            s.add(
+                Post(
+                    id=i,
+                    tenant=rng.randint(1, 4),
+                    lang=rng.choice(["en", "fr", "zh", None]),
+                    draft=rng.choice([True, False, None]),
+                    published=rng.choice([None, start + dt.timedelta(days=rng.randint(0, 60))]),
+                    other=rng.randint(0, 3),
+                    body=_body(rng),
+                )
+            )
+        s.commit()
+    yield factory
+    idx.uninstall(factory)
+
+
+def _atom(rng: random.Random) -> Any:
+    day = dt.datetime(2024, 1, 1) + dt.timedelta(days=rng.randint(0, 60))
+    langs = rng.sample(["en", "fr", "zh", "de"], rng.randint(1, 3))
+    return rng.choice(
+        [
+            Post.tenant == rng.randint(1, 4),
+            Post.tenant != rng.randint(1, 4),
+            Post.tenant.in_([rng.randint(1, 4), rng.randint(1, 4)]),
+            Post.tenant.not_in([rng.randint(1, 4)]),
+            Post.tenant >= rng.randint(1, 4),
+            Post.tenant < rng.randint(1, 4),
+            Post.tenant.between(2, 3),
+            Post.lang == rng.choice(["en", "fr", "zh"]),
+            Post.lang != rng.choice(["en", "fr"]),
+            Post.lang.in_(langs),
+            Post.lang.not_in(langs),
+            Post.lang.is_(None),
+            Post.lang.is_not(None),
+            Post.draft == rng.choice([True, False]),
+            Post.draft.is_(None),
+            Post.published > day,
+            Post.published <= day,
+            Post.published.between(day, day + dt.timedelta(days=15)),
+            Post.published.is_(None),
+        ]
+    )
+
+
+def _expr(rng: random.Random, depth: int = 0) -> Any:
+    if depth >= 2 or rng.random() < 0.4:
+        return _atom(rng)
+    kind = rng.choice(["and", "or", "not"])
+    if kind == "not":
+        return not_(_expr(rng, depth + 1))
+    parts = [_expr(rng, depth + 1) for _ in range(rng.randint(2, 3))]
+    return and_(*parts) if kind == "and" else or_(*parts)
+
+
+def test_random_where_returns_what_sql_returns_in_ranking_order(
+    posts: sessionmaker[Any],
+) -> None:
+    factory = posts
+    fields = filter_fields(semantic_columns(Post.__mapper__)[0])
+    rng = random.Random(11)
+    with factory() as s:
+        # dense and keyword scores are per point, so filtering keeps the order; hybrid fuses
+        # ranks among the matching points, so it is checked as a set
+        ranked = {
+            mode: {
+                h.obj.id: h.score
+                for h in semantic_search(s, Post, "river city", limit=100, mode=mode)
+            }
+            for mode in ("dense", "keyword")
+        }
+        assert len(ranked["dense"]) == 80
+        for _ in range(60):
+            where = _expr(rng)
+            flt, why = compile_where(where, fields)
+            assert flt is not None, why  # every drawn expression runs inside the store
+            allowed = set(s.scalars(select(Post.id).where(where)))
+            for mode, everything in ranked.items():
+                got = semantic_search(s, Post, "river city", limit=100, where=where, mode=mode)
+                want = [i for i in everything if i in allowed]
+                assert {h.obj.id for h in got} == set(want), f"{mode} {where}"
+                # the unfiltered order, up to float noise between equal scores (local mode
+                # computes cosines in other batches when it filters)
+                scores = [everything[h.obj.id] for h in got]
+                assert all(a >= b - 1e-6 for a, b in itertools.pairwise(scores)), f"{mode} {where}"
+                assert all(abs(h.score - everything[h.obj.id]) < 1e-6 for h in got)
+            page = semantic_search(s, Post, "river city", limit=3, where=where)
+            assert {h.obj.id for h in page} <= allowed
+            assert len(page) == min(3, len(allowed))
+
+
+def test_payload_only_updates_embed_nothing_and_move_the_row(
+    posts: sessionmaker[Any],
+) -> None:
+    factory = posts
+    embedded: list[int] = []
+
+    def count(sender: Any, **kw: Any) -> None:
+        embedded.append(kw["count"])
+
+    signals.embedded.connect(count)
+    try:
+        with factory() as s:
+            post = s.get(Post, 5)
+            assert post is not None
+            post.tenant, post.lang = 99, "de"
+            s.commit()
+            s.execute(update(Post).where(Post.id == 6).values(tenant=99))
+            s.commit()
+            hits = semantic_search(s, Post, "ocean", limit=10, where=Post.tenant == 99)
+            assert sorted(h.obj.id for h in hits) == [5, 6]
+            hits = semantic_search(s, Post, "ocean", limit=10, where=Post.lang == "de")
+            assert [h.obj.id for h in hits] == [5]
+            post.other = 3  # not a filter column: no job at all
+            s.commit()
+    finally:
+        signals.embedded.disconnect(count)
+    assert embedded == []
+
+
+def test_where_outside_filter_by_falls_back_to_sql_and_says_so(
+    posts: sessionmaker[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    factory = posts
+    fields = filter_fields(semantic_columns(Post.__mapper__)[0])
+    flt, why = compile_where(Post.other == 1, fields)
+    assert flt is None and "other" in why and "filter_by" in why
+    monkeypatch.setattr("semantic_orm.search.SCAN_WARNING_ROWS", 10)
+    with factory() as s:
+        rare = s.scalars(select(Post.id).where(Post.other == 1, Post.id < 5)).all()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hits = semantic_search(
+                s, Post, "desert", limit=10, where=and_(Post.other == 1, Post.id < 5)
+            )
+        assert sorted(h.obj.id for h in hits) == sorted(rare)
+        assert any(issubclass(w.category, FilterFallbackWarning) for w in caught)
+        assert "other" in str(
+            next(w for w in caught if w.category is FilterFallbackWarning).message
+        )
+
+
+def test_filter_by_misdeclared_is_refused_naming_the_column() -> None:
+    class B(DeclarativeBase):
+        pass
+
+    class Bad(B):
+        __tablename__ = "bad"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        body: Mapped[str] = mapped_column(SemanticText(filter_by=("nope",)))
+
+    with pytest.raises(ConfigurationError, match=r"Bad\.body.*'nope'"):
+        filter_fields(semantic_columns(Bad.__mapper__)[0])
+    with pytest.raises(ConfigurationError, match="filter_by"):
+        SemanticText(filter_by=(1,))  # type: ignore[arg-type]
+    assert "filter_by=('lang', 'draft', 'published', 'tenant')" in repr(Post.__table__.c.body.type)
+
+
+def test_optimiser_running_with_writes_and_searches_loses_nothing(
+    engine: Engine, tmp_path: Any
+) -> None:
+    store = EdgeStore(tmp_path / "vectors", optimize_after=150)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32), models=[Post])
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    rng = random.Random(3)
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def search() -> None:
+        try:
+            while not stop.is_set():
+                with factory() as s:  # a session per search: no read lock held across commits
+                    for h in semantic_search(s, Post, "forest", limit=5, where=Post.tenant == 2):
+                        assert h.obj.tenant == 2
+                stop.wait(0.02)
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    reader = threading.Thread(target=search)
+    reader.start()
+    try:
+        for batch in range(6):
+            with factory() as s:
+                for i in range(batch * 40, batch * 40 + 40):
+                    s.add(Post(id=i + 1, tenant=rng.randint(1, 3), body=_body(rng) * 3))
+                s.commit()
+            with factory() as s:
+                for post in s.scalars(select(Post).where(Post.id % 7 == batch)):
+                    post.body = _body(rng)
+                s.commit()
+    finally:
+        stop.set()
+        reader.join()
+        idx.uninstall(factory)
+    assert not failures, failures
+    col = semantic_columns(Post.__mapper__)[0]
+    name = col.collection()
+    for thread in threading.enumerate():
+        if thread.name.startswith("semantic-orm-optimize-"):
+            thread.join()
+    assert store.index_state(name)["indexed"] > 0  # built in the background, unasked
+    store.optimize(name)
+    state = store.index_state(name)
+    assert state["points"] == store.count(name) and state["indexed"] > 0
+    assert_index_matches_database(engine, store, Post, "body", name)
+    idx.close()

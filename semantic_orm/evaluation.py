@@ -274,7 +274,7 @@ def evaluate(
         # encode the questions in batches, not one at a time (two searches share each vector)
         idx = index or index_for(session)
         if idx is not None:
-            col = pick_column(inspect(model), column)
+            col = pick_column(inspect(model), column if not isinstance(column, Mapping) else None)
             embedder = idx.binding_for(col).embedder
             for start in range(0, len(items), _ENCODE_BATCH):
                 batch = items[start : start + _ENCODE_BATCH]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import enum
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,7 @@ __all__ = ["FilterField", "compile_where", "describe", "filter_fields", "row_fie
 class FilterField:
     """One declared filter attribute of a semantic column: its column and payload kind.
 
-    ``kind`` is ``keyword`` (strings, enums), ``integer`` (integers and booleans, stored as
+    ``kind`` is ``keyword`` (strings, enums, UUIDs), ``integer`` (integers and booleans, stored as
     0/1), ``float`` (floats, decimals) or ``datetime`` (dates and datetimes, stored as ISO 8601
     in UTC).
     """
@@ -119,7 +120,7 @@ def _kind(column: Column[Any]) -> str | None:
         return "datetime"
     if issubclass(python_type, (float, decimal.Decimal)):
         return "float"
-    if issubclass(python_type, (str, enum.Enum)):
+    if issubclass(python_type, (str, enum.Enum, uuid.UUID)):
         return "keyword"
     return None
 

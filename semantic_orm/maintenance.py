@@ -37,7 +37,7 @@ from . import outbox
 from .applying import SyncOp, text_hash
 from .binding import ColumnBinding, drift
 from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
-from .filtering import describe
+from .filtering import describe, row_fields
 from .index import SemanticIndex
 from .mapping import SemanticColumn, key_values, row_key, rows_page, semantic_columns
 from .outbox import JobKey
@@ -207,7 +207,7 @@ class ReconcileReport:
     missing: int
     """Rows with text but no points: queued."""
     changed: int
-    """Rows whose text (or settings) differ from what their points record: queued."""
+    """Rows whose text, settings or filter values differ from what their points record: queued."""
     emptied: int
     """Rows without text that still have points: queued (their points go)."""
     orphans: int
@@ -287,10 +287,12 @@ def _reconcile(
     with _bar(None, f"reconcile {col.label}", progress) as bar:
         # SQL -> index: rows missing, changed or emptied
         if state.get("phase", "rows") == "rows":
-            for page in _pages(engine, col, (col.column,), batch, state.get("after")):
+            fields = binding.fields
+            extra = (col.column, *(f.column for f in fields))
+            for page in _pages(engine, col, extra, batch, state.get("after")):
                 stored = _first_chunks(index, binding.collection, [k for k, _ in page])
                 todo: list[JobKey] = []
-                for key, (value,) in page:
+                for key, (value, *values) in page:
                     point = stored.get(key)
                     if value:
                         if point is None:
@@ -298,7 +300,8 @@ def _reconcile(
                         elif (
                             point.text_hash != text_hash(value)
                             or point.config != binding.fingerprint
-                        ):
+                            or dict(point.fields) != row_fields(fields, values)
+                        ):  # the text, the settings, or a value that travels with it
                             counts["changed"] += 1
                         else:
                             counts["in_sync"] += 1

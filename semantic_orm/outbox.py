@@ -379,28 +379,35 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     ids = [job.id for job in jobs]
     now = utcnow()
     # older jobs of the same rows are superseded: the value synced was read after they committed
-    # (jobs of one row are numbered in commit order), unless another processor holds them now
-    newest = outbox.alias("newest")
-    for part in _chunks(ids):
-        latest = (
-            select(func.max(newest.c.id))
-            .where(
-                newest.c.table_name == outbox.c.table_name,
-                newest.c.column_name == outbox.c.column_name,
-                newest.c.row_pk == outbox.c.row_pk,
-                newest.c.id.in_(part),
+    # (jobs of one row are numbered in commit order), unless another processor holds them now.
+    # Found through the row index, so the cost follows these rows, never the whole backlog.
+    latest: dict[JobKey, int] = {}
+    for job in jobs:
+        latest[job.key] = max(job.id, latest.get(job.key, job.id))
+    by_column: dict[tuple[str, str], list[str]] = {}
+    for key in latest:
+        by_column.setdefault((key.table, key.column), []).append(key.pk)
+    older: list[int] = []
+    claimed = set(ids)
+    for (table, column), pks in by_column.items():
+        for part in _chunks(pks):
+            rows = conn.execute(
+                select(outbox.c.id, outbox.c.row_pk).where(
+                    outbox.c.table_name == table,
+                    outbox.c.column_name == column,
+                    outbox.c.row_pk.in_(part),
+                    outbox.c.dead.is_(True)
+                    | outbox.c.claimed_by.is_(None)
+                    | (outbox.c.next_attempt_at <= now),
+                )
             )
-            .scalar_subquery()
-        )
-        conn.execute(
-            delete(outbox).where(
-                outbox.c.id.not_in(part),
-                outbox.c.id < latest,
-                outbox.c.dead.is_(True)
-                | outbox.c.claimed_by.is_(None)
-                | (outbox.c.next_attempt_at <= now),
+            older.extend(
+                int(i)
+                for i, pk in rows
+                if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed
             )
-        )
+    for part in _chunks(older):
+        conn.execute(delete(outbox).where(outbox.c.id.in_(part)))
     gone: set[int] = set()
     for part in _chunks(ids):
         result = conn.execute(

@@ -57,7 +57,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -71,7 +71,7 @@ from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
-from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order
+from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order, pk_order
 from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Filter, Ranking, SearchRequest, StoreHit
 
 __all__ = [
@@ -113,10 +113,13 @@ class SearchOptions(TypedDict, total=False):
     Attributes:
         limit: Hits to return (rows, or chunks with ``group_by="chunk"``); 1 to 10,000.
         offset: Hits to skip first, for pagination (page ``n`` is ``offset=n * limit``).
-        where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"``.
+        where: SQL criteria the rows must also meet, e.g. ``Article.lang == "fr"`` (run inside
+            the vector store when its columns are in the column's ``filter_by``); over several
+            models, ``{Model: criteria}``.
         group_by: ``"row"`` (one hit per row, the default) or ``"chunk"`` (one per passage).
         mode: ``"hybrid"`` (default), ``"dense"`` or ``"keyword"``; see the module docstring.
-        column: The semantic attribute to search, if the model has several.
+        column: The semantic attribute to search, if the model has several (over several
+            models, ``{Model: name}``).
         score_threshold: Drop hits whose score is below this (cosine in dense mode, BM25 in
             keyword mode, the fused score in hybrid mode).
         chunks_per_row: In row mode, how many of a row's best chunks ``hit.chunks`` keeps.
@@ -128,10 +131,10 @@ class SearchOptions(TypedDict, total=False):
 
     limit: int
     offset: int
-    where: ColumnElement[bool] | None
+    where: ColumnElement[bool] | Mapping[type[Any], ColumnElement[bool]] | None
     group_by: Literal["row", "chunk"]
     mode: SearchMode
-    column: str | None
+    column: str | Mapping[type[Any], str] | None
     score_threshold: float | None
     chunks_per_row: int
     candidates: int
@@ -220,6 +223,11 @@ class SearchHit(Generic[T]):
     """The row's full semantic text, which the chunks' offsets index into."""
 
     @property
+    def model(self) -> type[Any]:
+        """The mapped class of :attr:`obj` (which model matched, in a search over several)."""
+        return type(self.obj)
+
+    @property
     def chunk(self) -> Chunk:
         """The best matching chunk."""
         return self.chunks[0].chunk
@@ -304,8 +312,14 @@ class _List:
 def _fetch(
     lists: Mapping[str, _List], collection: str, upto: int, flt: Any
 ) -> Generator[_Step, Any, None]:
-    """Fetch every list tie-complete at least to rank ``upto`` (or to its end)."""
+    """Fetch every list tie-complete at least to rank ``upto`` (or to its end).
+
+    When the cut falls inside a group of equal scores, the next request asks for every point
+    scoring at least that score (a score threshold, no fixed depth): one more request whatever
+    the group's size, instead of doubling the depth through a run of ties.
+    """
     want = dict.fromkeys(lists, upto)
+    floor: dict[str, float] = {}
     while True:
         short = {
             n: lst for n, lst in lists.items() if not lst.exhausted and len(lst.hits) < want[n]
@@ -317,17 +331,29 @@ def _fetch(
             Ranking(
                 lst.ranking.using, lst.ranking.vector, depth[n] + 1, threshold=lst.ranking.threshold
             )
+            if n not in floor
+            else Ranking(lst.ranking.using, lst.ranking.vector, MAX_DEPTH, threshold=floor[n])
             for n, lst in short.items()
         )
         found = yield _Query(collection, SearchRequest(rankings, flt))
         for (n, lst), hits in zip(short.items(), found, strict=True):
+            if n in floor:  # every point down to the tied score: complete by construction
+                del floor[n]
+                lst.hits = order(hits)
+                lst.exhausted = len(hits) >= MAX_DEPTH
+                want[n] = min(want[n], len(lst.hits))
+                continue
             prefix, exhausted = complete(hits, depth[n])
             if prefix or exhausted:
                 lst.hits, lst.exhausted = prefix, exhausted or depth[n] >= MAX_DEPTH
             elif depth[n] >= MAX_DEPTH:  # one huge tie: take the cut as it comes
                 lst.hits, lst.exhausted = order(hits)[: depth[n]], True
-            else:  # a tie straddles the cut: ask again, deeper
-                want[n] = 2 * depth[n]
+            else:  # a tie straddles the cut: next, everything down to the tied score
+                tied = order(hits)[depth[n]].score
+                own = lst.ranking.threshold
+                floor[n] = max(
+                    tied - abs(tied) * 1e-6 - 1e-9, own if own is not None else -math.inf
+                )
 
 
 def _rankings(
@@ -586,14 +612,158 @@ class _Search:
             return None
 
 
+# -- several models at once ---------------------------------------------------------------------
+
+
+def _many_plan(models: Sequence[type[Any]], options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each model's own options for a search over ``models`` (``where=``/``column=`` may map
+    a model to its value)."""
+    if not models or not all(isinstance(m, type) for m in models):
+        raise ConfigurationError(
+            f"semantic_search takes a mapped class or a list of them, got {models!r}"
+        )
+    if len(set(models)) != len(models):
+        raise ConfigurationError("semantic_search got the same model twice")
+    if options.get("query_vector") is not None:
+        raise ConfigurationError(
+            "semantic_search over several models embeds the query with each column's model: "
+            "query_vector= is for one model"
+        )
+    plans = []
+    for model in models:
+        own = dict(options)
+        for name in ("where", "column"):
+            value = own.get(name)
+            if isinstance(value, Mapping):
+                own[name] = value.get(model)
+            elif value is not None and name == "where":
+                raise ConfigurationError(
+                    "semantic_search over several models takes where={Model: criteria, ...}"
+                )
+        plans.append(own)
+    return plans
+
+
+def _many_key(hit: SearchHit[Any], position: int) -> tuple[float, int, tuple[int, float, str], int]:
+    obj = hit.obj
+    pk = row_key(inspect(type(obj)).primary_key_from_instance(obj))
+    return (-hit.score, position, pk_order(pk), hit.chunk.index)
+
+
+def _many_merge(
+    found: list[dict[str, list[SearchHit[Any]]]], opts: _Options
+) -> list[SearchHit[Any]]:
+    """One ranking of several models' hits, with the single-model semantics of ``opts.mode``.
+
+    Dense and keyword scores are per chunk, so the lists merge by score. Hybrid fuses the two
+    merged lists with the same rule as one model's search (reciprocal rank fusion over each
+    list's global ranks).
+    """
+    want = opts.offset + opts.limit
+    if opts.mode != "hybrid":
+        merged = sorted(
+            ((hit, i) for i, lists in enumerate(found) for hit in lists[opts.mode]),
+            key=lambda pair: _many_key(*pair),
+        )
+        return [hit for hit, _ in merged][opts.offset : want]
+    ident: dict[tuple[int, str, int], SearchHit[Any]] = {}
+    ranks: dict[tuple[int, str, int], dict[str, int]] = {}
+    scores: dict[tuple[int, str, int], dict[str, float]] = {}
+    by_row = opts.group_by == "row"
+    for name in ("dense", "keyword"):
+        merged = sorted(
+            ((hit, i) for i, lists in enumerate(found) for hit in lists[name]),
+            key=lambda pair: _many_key(*pair),
+        )
+        for rank, (hit, i) in enumerate(merged):
+            key = (i, _many_key(hit, i)[2][2], -1 if by_row else hit.chunk.index)
+            ident.setdefault(key, hit)
+            ranks.setdefault(key, {})[name] = rank
+            scores.setdefault(key, {})[name] = hit.score
+    fusion = ReciprocalRankFusion()
+    fused = []
+    for key, hit in ident.items():
+        score = fusion.score(ranks[key], scores[key])
+        if opts.score_threshold is not None and score < opts.score_threshold:
+            continue
+        best = hit.chunks[0]
+        top = ScoredChunk(best.chunk, score, dict(scores[key]))
+        fused.append((SearchHit(hit.obj, score, (top, *hit.chunks[1:]), hit.text), key[0]))
+    fused.sort(key=lambda pair: _many_key(*pair))
+    return [hit for hit, _ in fused][opts.offset : want]
+
+
+def _many_requests(opts: _Options) -> list[tuple[str, dict[str, Any]]]:
+    """The single-model searches a search over several models runs per model."""
+    want = opts.offset + opts.limit
+    base = {"offset": 0, "limit": want}
+    if opts.mode != "hybrid":
+        return [(opts.mode, {**base, "mode": opts.mode})]
+    deep = {
+        "offset": 0,
+        "limit": min(max(want, opts.candidates), MAX_LIMIT),
+        "score_threshold": None,
+    }
+    return [("dense", {**deep, "mode": "dense"}), ("keyword", {**deep, "mode": "keyword"})]
+
+
+def _search_many(
+    session: Any, models: Sequence[type[Any]], query: str, options: Mapping[str, Any]
+) -> list[SearchHit[Any]]:
+    plans = _many_plan(models, options)
+    opts = _Options.read({k: v for k, v in options.items() if k not in ("where", "column")})
+    found = [
+        {
+            name: semantic_search(session, model, query, **{**plan, **extra})
+            for name, extra in _many_requests(opts)
+        }
+        for model, plan in zip(models, plans, strict=True)
+    ]
+    return _many_merge(found, opts)
+
+
+async def _asearch_many(
+    session: Any, models: Sequence[type[Any]], query: str, options: Mapping[str, Any]
+) -> list[SearchHit[Any]]:
+    plans = _many_plan(models, options)
+    opts = _Options.read({k: v for k, v in options.items() if k not in ("where", "column")})
+    found = []
+    for model, plan in zip(models, plans, strict=True):
+        lists = {}
+        for name, extra in _many_requests(opts):
+            lists[name] = await asemantic_search(session, model, query, **{**plan, **extra})
+        found.append(lists)
+    return _many_merge(found, opts)
+
+
+@overload
 def semantic_search(
     session: AnySession, model: type[T], query: str, **options: Unpack[SearchOptions]
+) -> list[SearchHit[T]]: ...
+
+
+@overload
+def semantic_search(
+    session: AnySession,
+    model: Sequence[type[Any]],
+    query: str,
+    **options: Unpack[SearchOptions],
+) -> list[SearchHit[Any]]: ...
+
+
+def semantic_search(
+    session: AnySession,
+    model: type[T] | Sequence[type[Any]],
+    query: str,
+    **options: Unpack[SearchOptions],
 ) -> list[SearchHit[T]]:
     """Find rows of ``model`` whose semantic column matches ``query`` by meaning.
 
     Args:
         session: The session to load rows with; its installed index answers the search.
-        model: The mapped class to search.
+        model: The mapped class to search, or several (``[Article, Note]``): one ranking
+            over all of them (``hit.model`` tells which); then ``where=`` and ``column=`` may
+            map each model to its own value (``where={Article: Article.lang == "fr"}``).
         query: Natural-language query.
         **options: See :class:`SearchOptions` (``limit``, ``offset``, ``where``, ``mode``...).
 
@@ -604,6 +774,8 @@ def semantic_search(
         ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
             option is invalid (the message names it).
     """
+    if not isinstance(model, type):
+        return _search_many(session, list(model), query, options)
     run = _Search(session, model, query, options)
     run.index.bindings.check(run.binding, for_search=True)  # refuses another model's vectors
     step = run.advance(None)
@@ -672,15 +844,30 @@ def _batcher(embedder: Any) -> _QueryBatcher:
     return found
 
 
+@overload
 async def asemantic_search(
     session: Any, model: type[T], query: str, **options: Unpack[SearchOptions]
-) -> list[SearchHit[T]]:
+) -> list[SearchHit[T]]: ...
+
+
+@overload
+async def asemantic_search(
+    session: Any, model: Sequence[type[Any]], query: str, **options: Unpack[SearchOptions]
+) -> list[SearchHit[Any]]: ...
+
+
+async def asemantic_search(
+    session: Any, model: type[T] | Sequence[type[Any]], query: str, **options: Unpack[SearchOptions]
+) -> list[SearchHit[Any]]:
     """:func:`semantic_search` for an ``AsyncSession``, without blocking the event loop.
 
     The query embedding and the vector-store calls run in worker threads (the queries of
     concurrent searches are embedded together, in one call); rows are loaded through ``await
-    session.scalars(...)``. Takes the same options.
+    session.scalars(...)``. Takes the same options, and several models like
+    :func:`semantic_search`.
     """
+    if not isinstance(model, type):
+        return await _asearch_many(session, list(model), query, options)
     run = _Search(session, model, query, options)
     await asyncio.to_thread(run.index.bindings.check, run.binding, for_search=True)
     step = run.advance(None)

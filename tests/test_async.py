@@ -26,7 +26,7 @@ from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search
 from semantic_orm.testing import HashEmbedder
 
 from .helpers import COLL
-from .models import Article, Base
+from .models import Article, Base, Note
 
 pytestmark = pytest.mark.asyncio
 
@@ -97,6 +97,10 @@ async def test_async_sessions_sync_off_the_loop_and_search(
             assert hits[0].obj.title == "code" and "XR-7734" in hits[0].chunk.text
             same = await asemantic_search(s, Article, "rivers and lakes", limit=3)
             assert len(same) == 3 and all("rivers" in h.text for h in same)
+            several = await asemantic_search(
+                s, [Article, Note], "XR-7734", limit=2, mode="keyword", column={Note: "body"}
+            )
+            assert several[0].model is Article and several[0].obj.title == "code"
             (row,) = (await s.scalars(select(Article).where(Article.title == "t3"))).all()
             await s.delete(row)
             await s.commit()

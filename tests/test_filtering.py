@@ -13,7 +13,7 @@ import random
 import threading
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from sqlalchemy import Boolean, DateTime, Engine, Integer, String, and_, not_, or_, select, update
@@ -34,6 +34,7 @@ from semantic_orm.testing import HashEmbedder
 
 from .helpers import assert_index_matches_database
 
+MODES: tuple[Literal["dense", "keyword"], ...] = ("dense", "keyword")
 WORDS = "river mountain forest ocean desert city garden winter summer music".split()
 
 
@@ -139,7 +140,7 @@ def test_random_where_returns_what_sql_returns_in_ranking_order(
                 h.obj.id: h.score
                 for h in semantic_search(s, Post, "river city", limit=100, mode=mode)
             }
-            for mode in ("dense", "keyword")
+            for mode in MODES
         }
         assert len(ranked["dense"]) == 80
         for _ in range(60):
@@ -232,7 +233,10 @@ def test_filter_by_misdeclared_is_refused_naming_the_column() -> None:
 def test_optimiser_running_with_writes_and_searches_loses_nothing(
     engine: Engine, tmp_path: Any
 ) -> None:
-    store = EdgeStore(tmp_path / "vectors", optimize_after=150)
+    # tiny segments: index them all the same (the threshold is in KB of vectors)
+    store = EdgeStore(
+        tmp_path / "vectors", optimize_after=150, optimizers={"indexing_threshold": 1}
+    )
     idx = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32), models=[Post])
     Base.metadata.create_all(engine)
     factory = sessionmaker(engine, expire_on_commit=False)
@@ -279,3 +283,85 @@ def test_optimiser_running_with_writes_and_searches_loses_nothing(
     assert state["points"] == store.count(name) and state["indexed"] > 0
     assert_index_matches_database(engine, store, Post, "body", name)
     idx.close()
+
+
+def test_reconcile_catches_filter_values_changed_by_raw_sql(posts: sessionmaker[Any]) -> None:
+    from semantic_orm import index_for
+    from semantic_orm.maintenance import reconcile
+
+    engine = posts.kw["bind"]
+    with engine.begin() as conn:  # no session sees this
+        conn.exec_driver_sql("UPDATE post SET tenant = 77 WHERE id IN (9, 10)")
+    with posts() as s:
+        assert semantic_search(s, Post, "river", where=Post.tenant == 77) == []
+        idx = index_for(s)
+        assert idx is not None
+        (report,) = reconcile(idx, Post, engine)
+        assert report.changed == 2
+        hits = semantic_search(s, Post, "river", limit=10, where=Post.tenant == 77)
+        assert sorted(h.obj.id for h in hits) == [9, 10]
+
+
+def test_filter_by_added_later_filters_in_sql_until_reindex_all(engine: Engine, store: Any) -> None:
+    from semantic_orm.maintenance import reindex, status
+    from semantic_orm.search import _store_filter
+
+    class Old(DeclarativeBase):
+        pass
+
+    class V1(Old):
+        __tablename__ = "evolving"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        tenant: Mapped[int] = mapped_column(Integer)
+        body: Mapped[str] = mapped_column(SemanticText(chunk_size=80, overlap=0))
+
+    class New(DeclarativeBase):
+        pass
+
+    class V2(New):
+        __tablename__ = "evolving"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        tenant: Mapped[int] = mapped_column(Integer)
+        body: Mapped[str] = mapped_column(
+            SemanticText(chunk_size=80, overlap=0, filter_by=("tenant",))
+        )
+
+    Old.metadata.create_all(engine)
+    first = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32), models=[V1])
+    factory = sessionmaker(engine)
+    first.install(factory)
+    with factory() as s:
+        s.add_all(
+            V1(id=i, tenant=i % 3, body=f"{WORDS[i % 10]} {WORDS[(i * 3) % 10]}") for i in range(30)
+        )
+        s.commit()
+    first.uninstall(factory)
+
+    second = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32), models=[V2])
+    second.install(factory)
+    binding = second.binding_for(semantic_columns(V2.__mapper__)[0])
+    with factory() as s:
+        hits = semantic_search(s, V2, "river", limit=30, where=V2.tenant == 1)
+        assert sorted(h.obj.id for h in hits) == [i for i in range(30) if i % 3 == 1]
+    assert second.bindings.untrusted(binding) == {"tenant"}
+    assert _store_filter(binding, V2.tenant == 1, second.bindings.untrusted(binding))[0] is None
+    (state,) = status(second, engine)
+    assert state.unfilled_filters == ["tenant"]
+
+    embedded: list[int] = []
+
+    def count(sender: Any, **kw: Any) -> None:
+        embedded.append(kw["count"])
+
+    signals.embedded.connect(count)
+    try:
+        reindex(second, V2, engine, all_rows=True)
+    finally:
+        signals.embedded.disconnect(count)
+    assert embedded == []  # payloads refreshed, nothing embedded
+    assert second.bindings.untrusted(binding) == frozenset()
+    assert _store_filter(binding, V2.tenant == 1, frozenset())[0] is not None
+    with factory() as s:
+        hits = semantic_search(s, V2, "river", limit=30, where=V2.tenant == 1)
+        assert sorted(h.obj.id for h in hits) == [i for i in range(30) if i % 3 == 1]
+    second.uninstall(factory)

@@ -207,6 +207,11 @@ HNSW_DEFAULTS: dict[str, Any] = {"m": 16, "ef_construct": 64, "full_scan_thresho
 """The embedded store's HNSW settings: Qdrant's graph degree, a build effort that halves the
 build time of Qdrant's default (100) for a recall loss invisible at ``limit`` <= 100, and exact
 search below about 10 MB of vectors per segment."""
+OPTIMIZER_DEFAULTS: dict[str, Any] = {"max_segment_size": 64_000, "default_segment_number": 4}
+"""Segments stop growing at about 64 MB of vectors (42,000 of 384 dimensions): an optimisation
+then builds the new points' segment instead of rebuilding one ever larger graph (its time, and
+the GIL pause, stay under about 20 s on 2 cores), for a search over a few segments (4.4 ms at
+200,000 points against 2.5 ms for one)."""
 OPTIMIZE_AFTER = 20_000
 """Unindexed points that make the store build its index in the background."""
 
@@ -235,6 +240,9 @@ class EdgeStore(QdrantStore):
         batch_size: Points per upsert call.
         hnsw: HNSW settings for new collections, over :data:`HNSW_DEFAULTS` (``m``,
             ``ef_construct``, ``full_scan_threshold``, ``max_indexing_threads``...).
+        optimizers: Edge optimiser settings for new collections, over
+            :data:`OPTIMIZER_DEFAULTS` (``max_segment_size``, ``default_segment_number``,
+            ``indexing_threshold``, ``deleted_threshold``...).
         optimize_after: Unindexed points after which the index is built in the background;
             ``None`` builds it only when :meth:`optimize` is called.
     """
@@ -247,6 +255,7 @@ class EdgeStore(QdrantStore):
         *,
         batch_size: int = base.DEFAULT_BATCH_SIZE,
         hnsw: dict[str, Any] | None = None,
+        optimizers: dict[str, Any] | None = None,
         optimize_after: int | None = OPTIMIZE_AFTER,
     ):
         if batch_size <= 0:
@@ -256,6 +265,7 @@ class EdgeStore(QdrantStore):
                 f"EdgeStore optimize_after must be > 0 or None, got {optimize_after}"
             )
         self.hnsw = {**HNSW_DEFAULTS, **(hnsw or {})}
+        self.optimizers = {**OPTIMIZER_DEFAULTS, **(optimizers or {})}
         self.optimize_after = optimize_after
         self.path = Path(path).resolve()
         self.batch_size = batch_size
@@ -319,6 +329,7 @@ class EdgeStore(QdrantStore):
                 base.SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
             },
             hnsw_config=self._hnsw(spec),
+            optimizers=self._optimizers(),
         )
         try:
             shard = qe.EdgeShard.create(str(shard_dir), config)
@@ -343,6 +354,12 @@ class EdgeStore(QdrantStore):
             return _qe().HnswIndexConfig(**settings)
         except TypeError as exc:
             raise ConfigurationError(f"EdgeStore hnsw={self.hnsw!r}: {exc}") from None
+
+    def _optimizers(self) -> Any:
+        try:
+            return _qe().EdgeOptimizersConfig(**self.optimizers)
+        except TypeError as exc:
+            raise ConfigurationError(f"EdgeStore optimizers={self.optimizers!r}: {exc}") from None
 
     def ensure_collection(self, spec: CollectionSpec) -> None:
         """Create ``spec.name`` if missing; refuse one built by another model or dimension.
@@ -374,13 +391,19 @@ class EdgeStore(QdrantStore):
             opened.meta = meta
 
     def index_state(self, collection: str) -> dict[str, int]:
-        """Points, points in a built vector index, and segments of ``collection``."""
+        """Points, points whose dense vector is in a built HNSW graph, and segments.
+
+        Edge counts indexed vectors of every name, and a keyword (sparse) vector is indexed as
+        soon as it is written; ``indexed`` subtracts one per point, so it undercounts by the
+        points without keywords (rare).
+        """
         opened = self._require(collection)
         with opened.lock:
             info = self._guard("info", opened.shard.info)
+        points = int(info.points_count)
         return {
-            "points": int(info.points_count),
-            "indexed": int(info.indexed_vectors_count),
+            "points": points,
+            "indexed": max(0, min(points, int(info.indexed_vectors_count) - points)),
             "segments": int(info.segments_count),
         }
 

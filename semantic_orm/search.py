@@ -9,7 +9,10 @@ A search reads as a straight line:
 3. **rank**: turn the store's lists into one deterministic order, tier by tier
    (:mod:`semantic_orm.ranking`), fusing dense and keyword rankings in hybrid mode;
 4. **load** the matching rows with SQL ``SELECT ... WHERE pk IN (...)`` plus your ``where=``
-   criteria, in waves, only for the rows the ranking needs next;
+   criteria, in waves, only for the rows the ranking needs next. When every column ``where=``
+   touches travels in the payload (``SemanticText(filter_by=...)``), the criteria are also
+   compiled into the store's filter (:mod:`semantic_orm.filtering`), so the ranking holds only
+   matching rows; otherwise the ranking is read down until enough rows pass;
 5. **assemble** the hits: rows (or passages) in rank order, each with the chunk(s) that matched,
    cut from the row's current text at the stored offsets.
 
@@ -41,6 +44,10 @@ Three ranking modes (``mode=``):
 
 Ranking is deterministic: equal scores are ordered by primary key, then chunk index, and
 ``offset=`` pages concatenate exactly to one search with the combined limit.
+
+``semantic_search(session, [Article, Note], ...)`` searches several models at once: their
+rankings merge by score (dense, keyword) or are fused after merging (hybrid), and
+``hit.model`` says which model each hit is from.
 
 :func:`asemantic_search` (and ``await Model.asemantic_search(session, ...)``) is the same search
 for an ``AsyncSession``: the embedding and the store calls run in worker threads, the SQL through

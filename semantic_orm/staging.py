@@ -1,7 +1,8 @@
 """Staging: every write of an installed session becomes outbox jobs in its own transaction.
 
 :class:`SessionTracker` listens on a ``sessionmaker``'s private Session class (or one
-``Session``) and catches the three ways a session writes a ``SemanticText`` column:
+``Session``) and catches the three ways a session writes a ``SemanticText`` column (or one of
+the columns its ``filter_by`` carries into the vector payload):
 
 * **flushes** (``session.add``, attribute changes, ``session.delete``, primary-key changes):
   ``before_flush`` refuses values that cannot be indexed, naming the model and column;

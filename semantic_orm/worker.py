@@ -41,15 +41,8 @@ __all__ = ["AsyncWorker", "Worker"]
 log = logging.getLogger("semantic_orm")
 
 
-class Worker:
-    """Drains an index's outbox in this thread (:meth:`run`) or a daemon thread (:meth:`start`).
-
-    Args:
-        index: The index whose jobs to process.
-        bind: The engine (or sessionmaker) whose database holds the outbox.
-        batch_size: Jobs claimed per pass.
-        poll_interval: Seconds to sleep when no job is due.
-    """
+class _Drainer:
+    """What both workers hold: the index, where its outbox lives, the pace, the totals."""
 
     def __init__(
         self,
@@ -64,13 +57,30 @@ class Worker:
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.totals = ProcessReport()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._setup()
+
+    def _setup(self) -> None:
+        """Create what the worker's loop runs with (a thread's event, or a task's)."""
 
     @property
     def processed(self) -> int:
         """Jobs done so far."""
         return self.totals.done
+
+
+class Worker(_Drainer):
+    """Drains an index's outbox in this thread (:meth:`run`) or a daemon thread (:meth:`start`).
+
+    Args:
+        index: The index whose jobs to process.
+        bind: The engine (or sessionmaker) whose database holds the outbox.
+        batch_size: Jobs claimed per pass.
+        poll_interval: Seconds to sleep when no job is due.
+    """
+
+    def _setup(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def run_once(self) -> ProcessReport:
         """Process one batch of due jobs."""
@@ -109,7 +119,7 @@ class Worker:
             self._thread = None
 
 
-class AsyncWorker:
+class AsyncWorker(_Drainer):
     """Drains an index's outbox as an asyncio task, never blocking the event loop.
 
     SQL is awaited on the loop; embedding and store calls run in worker threads.
@@ -121,19 +131,7 @@ class AsyncWorker:
         poll_interval: Seconds to sleep when no job is due.
     """
 
-    def __init__(
-        self,
-        index: SemanticIndex,
-        bind: Any = None,
-        *,
-        batch_size: int = 256,
-        poll_interval: float = 1.0,
-    ) -> None:
-        self.index = index
-        self.bind = bind
-        self.batch_size = batch_size
-        self.poll_interval = poll_interval
-        self.totals = ProcessReport()
+    def _setup(self) -> None:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

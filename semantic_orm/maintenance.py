@@ -631,8 +631,12 @@ def _switch(index: SemanticIndex, engine: Engine, binding: ColumnBinding, target
     # rows deleted or written between the checks above and the switch
     keys = _table_keys(engine, col)
     _queue(engine, col, keys + _stray_keys(index, live, keys))
-    while index.process(engine, limit=500).claimed:
-        pass
+    try:  # wait for them all, also those a concurrent pass (the background retrier) holds
+        index.drain(engine, timeout=120, limit=500)
+    except TimeoutError as exc:  # the switch stands; a worker finishes the rest
+        log.warning(
+            "semantic_orm: %s rebuilt, but its catch-up is not finished: %s", col.label, exc
+        )
 
 
 # -- garbage collection -------------------------------------------------------------------------

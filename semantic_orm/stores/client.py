@@ -34,7 +34,7 @@ from .base import (
     SparseVector,
     check_collection_matches,
 )
-from .qdrant import QdrantStore
+from .qdrant import QdrantStore, dense_indexed
 
 __all__ = ["INITIAL_SUFFIX", "QdrantClientStore"]
 
@@ -252,13 +252,13 @@ class QdrantClientStore(QdrantStore):
         self._call("update_collection", "update_collection", target, metadata=meta)
 
     def index_state(self, collection: str) -> dict[str, int]:
-        """Points, indexed vectors and segments, as the server reports them."""
+        """Points, points in a built HNSW graph (:func:`dense_indexed`; a server builds it once
+        a segment passes its indexing threshold) and segments, as the server reports them."""
         info = self._call("get_collection", "get_collection", collection)
         points = int(info.points_count or 0)
-        indexed = info.indexed_vectors_count
         return {
             "points": points,
-            "indexed": points if indexed is None else int(indexed),
+            "indexed": dense_indexed(points, int(info.indexed_vectors_count or 0)),
             "segments": int(info.segments_count or 1),
         }
 

@@ -45,7 +45,7 @@ from typing import Any
 from ..exc import ConfigurationError, VectorStoreError, import_optional
 from . import base
 from .base import CollectionSpec, PayloadIndex, Ranking, SparseVector
-from .qdrant import QdrantStore, store_error
+from .qdrant import QdrantStore, dense_indexed, store_error
 
 __all__ = ["EdgeStore"]
 
@@ -391,19 +391,15 @@ class EdgeStore(QdrantStore):
             opened.meta = meta
 
     def index_state(self, collection: str) -> dict[str, int]:
-        """Points, points whose dense vector is in a built HNSW graph, and segments.
-
-        Edge counts indexed vectors of every name, and a keyword (sparse) vector is indexed as
-        soon as it is written; ``indexed`` subtracts one per point, so it undercounts by the
-        points without keywords (rare).
-        """
+        """Points, points whose dense vector is in a built HNSW graph
+        (:func:`~semantic_orm.stores.qdrant.dense_indexed`), and segments."""
         opened = self._require(collection)
         with opened.lock:
             info = self._guard("info", opened.shard.info)
         points = int(info.points_count)
         return {
             "points": points,
-            "indexed": max(0, min(points, int(info.indexed_vectors_count) - points)),
+            "indexed": dense_indexed(points, int(info.indexed_vectors_count)),
             "segments": int(info.segments_count),
         }
 

@@ -38,7 +38,7 @@ from .base import (
     translate,
 )
 
-__all__ = ["QdrantStore", "store_error"]
+__all__ = ["QdrantStore", "dense_indexed", "store_error"]
 
 _PAGE = 1000
 
@@ -88,6 +88,16 @@ def store_error(what: str, where: object, exc: BaseException) -> VectorStoreErro
     return VectorStoreError(
         f"Qdrant {what} failed on {where!r} ({kind}): {exc}", transient=transient
     )
+
+
+def dense_indexed(points: int, indexed_vectors: int) -> int:
+    """Points whose dense vector is in a built HNSW graph, from Qdrant's counts.
+
+    Qdrant counts indexed vectors of every name, and a keyword (sparse) vector is indexed as soon
+    as it is written, so one per point is subtracted: an undercount by the points without
+    keywords (rare).
+    """
+    return max(0, min(points, indexed_vectors - points))
 
 
 def dense_of(raw: Any) -> np.ndarray[Any, np.dtype[np.float32]] | None:

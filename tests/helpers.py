@@ -18,6 +18,11 @@ from semantic_orm.testing import HashEmbedder
 from .models import Article
 
 COLL = "article__content"
+LONG = "\n\n".join(
+    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
+    for i in range(12)
+)
+"""Twelve short paragraphs: a text that makes several chunks in every chunker."""
 
 
 def jobs(engine: Engine) -> list[dict[str, Any]]:

@@ -26,17 +26,13 @@ from semantic_orm.testing import HashEmbedder, MemoryStore
 
 from .helpers import (
     COLL,
+    LONG,
     jobs,
     pending,
     points_of,
     pysqlite_recipe,
 )
 from .models import Article, Base, Note
-
-LONG = "\n\n".join(
-    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
-    for i in range(12)
-)
 
 
 def test_install_is_explicit_scoped_and_removable(

@@ -18,13 +18,8 @@ from semantic_orm import EdgeStore, SemanticIndex, signals
 from semantic_orm.maintenance import reindex
 from semantic_orm.testing import HashEmbedder
 
-from .helpers import COLL, assert_index_matches_database, points_of
+from .helpers import COLL, LONG, assert_index_matches_database, points_of
 from .models import Article, Base
-
-LONG = "\n\n".join(
-    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
-    for i in range(12)
-)
 
 
 def test_insert_syncs_chunks_with_exact_offsets(

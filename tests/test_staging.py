@@ -22,13 +22,8 @@ from semantic_orm import (
 )
 from semantic_orm.testing import HashEmbedder
 
-from .helpers import COLL, assert_index_matches_database, jobs, payloads, pending, points_of
+from .helpers import COLL, LONG, assert_index_matches_database, jobs, payloads, pending, points_of
 from .models import Article, Note, Plain, Translation
-
-LONG = "\n\n".join(
-    f"Paragraph {i} talks about topic number {i}. It has a second sentence about item {i}."
-    for i in range(12)
-)
 
 
 def test_nothing_reaches_the_store_before_commit(

@@ -39,6 +39,7 @@ from .exc import (
     EmbeddingError,
     FilterFallbackWarning,
     MissingDependencyError,
+    ModelCoverageWarning,
     SemanticORMError,
     SemanticTypeError,
     SemanticValueError,
@@ -46,6 +47,7 @@ from .exc import (
     VectorStoreError,
 )
 from .index import SemanticIndex, index_for
+from .ranking import Fusion, ReciprocalRankFusion, ScoreFusion
 from .search import (
     ScoredChunk,
     SearchHit,
@@ -72,9 +74,13 @@ __all__ = [
     "EmbeddingError",
     "EvalReport",
     "FilterFallbackWarning",
+    "Fusion",
     "MissingDependencyError",
+    "ModelCoverageWarning",
     "QdrantClientStore",
+    "ReciprocalRankFusion",
     "RecursiveChunker",
+    "ScoreFusion",
     "ScoredChunk",
     "SearchHit",
     "SearchOptions",

@@ -27,18 +27,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import keywords, signals
+from . import signals
 from .binding import ColumnBinding
 from .chunking import Chunk, fit_to_window
 from .embedding import TokenAwareEmbedder
-from .exc import ChunkTooLongWarning, is_transient
-from .keywords import KEYWORDS_VERSION
+from .exc import ChunkTooLongWarning, ModelCoverageWarning, is_transient
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
 
 __all__ = ["Applier", "ApplyReport", "RowValue", "SyncOp", "text_hash"]
 
 log = logging.getLogger("semantic_orm")
+
+COVERAGE_SAMPLE = 32
+"""Chunks of a column's first embedding batch checked for what its model can read."""
+COVERAGE_WARNING = 0.5
+"""Below this share of known word pieces, :class:`ModelCoverageWarning` says so (once)."""
 
 
 def _yield() -> None:
@@ -111,6 +115,7 @@ class Applier:
         self.store = store
         self.check = check
         self._warned: set[str] = set()
+        self._read: set[str] = set()  # columns whose model coverage was checked
 
     def apply(self, ops: Sequence[SyncOp]) -> ApplyReport:
         """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs."""
@@ -172,6 +177,8 @@ class Applier:
         store = self.store
         target = binding.target
         config = binding.fingerprint
+        normalize = binding.normalizer
+        analyzer = binding.analyzer
 
         rows: list[tuple[str, str | None, list[Chunk]]] = []
         fields = {op.pk: op.fields for op in ops}
@@ -215,7 +222,7 @@ class Applier:
                     total_chunks=chunk.total_chunks,
                     chunk_hash=digest,
                     config=config,
-                    analyzer=str(KEYWORDS_VERSION),
+                    analyzer=analyzer.id,
                     text_hash=whole,
                     meta=dict(chunk.metadata),
                     fields=fields[pk],
@@ -229,11 +236,13 @@ class Applier:
                 else:
                     to_embed.append((len(slots), chunk.text))
                 pid = point_id(binding.collection, pk, chunk.index)
-                slots.append((pid, vector, payload, keywords.document_vector(chunk.text)))
+                analysed = analyzer.document_vector(normalize(chunk.text))
+                slots.append((pid, vector, payload, analysed))
 
         if to_embed:
-            texts = [text for _, text in to_embed]
+            texts = normalize.many([text for _, text in to_embed])
             self._check_window(binding, texts)
+            self._check_coverage(binding, texts)
             started = time.perf_counter()
             vectors = binding.embedder.encode(texts)
             if signals.embedded.receivers:
@@ -288,6 +297,29 @@ class Applier:
                 f"boundaries ({extra} more chunks here) so that no text is silently truncated; "
                 f"a chunk_size of about {max(1, size * budget // longest)} characters would "
                 "avoid the second split."
+            ),
+            stacklevel=3,
+        )
+
+    def _check_coverage(self, binding: ColumnBinding, texts: Sequence[str]) -> None:
+        """Warn once per column when its model cannot read most of the text (``[UNK]``)."""
+        measure = getattr(binding.embedder, "coverage", None)
+        if measure is None or binding.label in self._read:
+            return
+        self._read.add(binding.label)
+        sample = [t for t in texts[:COVERAGE_SAMPLE] if t.strip()]
+        if not sample:
+            return
+        share = sum(float(measure(t)) for t in sample) / len(sample)
+        if share >= COVERAGE_WARNING:
+            return
+        warnings.warn(
+            ModelCoverageWarning(
+                f"{binding.label}: model {binding.embedder.name!r} reads only {share:.0%} of "
+                f"this column's text as word pieces it knows (the rest is [UNK] or single "
+                "characters): its dense vectors carry little meaning here. Hybrid search leans "
+                "on keywords for such queries; for meaning, use a model trained on this "
+                "language (README, 'Languages and models')."
             ),
             stacklevel=3,
         )

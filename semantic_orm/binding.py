@@ -30,7 +30,9 @@ from .chunking import Chunker
 from .embedding import Embedder
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
+from .keywords import KeywordAnalyzer, analyzer_for
 from .mapping import SemanticColumn
+from .normalizing import DEFAULT_NORMALIZE, Normalizer
 from .stores.base import CollectionSpec, Store
 from .version import __version__
 
@@ -39,9 +41,19 @@ __all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
 log = logging.getLogger("semantic_orm")
 
 
-def fingerprint(model: str, dimension: int, chunker: Mapping[str, Any]) -> str:
-    """Short digest of what makes vectors comparable: model, dimension, chunking settings."""
-    blob = json.dumps([model, dimension, dict(chunker)], sort_keys=True)
+def fingerprint(
+    model: str,
+    dimension: int,
+    chunker: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """Short digest of what makes vectors comparable: model, dimension, chunking settings, and
+    any ``extra`` setting that changes them (left out when empty, so that digests made before
+    such settings existed stay valid)."""
+    parts: list[Any] = [model, dimension, dict(chunker)]
+    if extra:
+        parts.append(dict(extra))
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.blake2b(blob.encode("utf-8"), digest_size=6).hexdigest()
 
 
@@ -60,6 +72,8 @@ class ColumnBinding:
     """The collection writes go to: :attr:`collection`, or a rebuild's new collection."""
     embedder: Embedder
     chunker: Chunker
+    fusion: tuple[tuple[str, Any], ...] = ()
+    """The hybrid rule searches use by default (recorded with the collection, not compared)."""
 
     @property
     def label(self) -> str:
@@ -70,6 +84,16 @@ class ColumnBinding:
     def fields(self) -> tuple[FilterField, ...]:
         """The filter attributes whose values travel in the payload (``filter_by=``)."""
         return filter_fields(self.column)
+
+    @functools.cached_property
+    def normalizer(self) -> Normalizer:
+        """What chunks and queries go through before the embedder and the keyword analyser."""
+        return Normalizer(self.column.settings.normalize)
+
+    @functools.cached_property
+    def analyzer(self) -> KeywordAnalyzer:
+        """The keyword analyser of this column's language."""
+        return analyzer_for(self.column.settings.language)
 
     @functools.cached_property
     def spec(self) -> CollectionSpec:
@@ -85,6 +109,9 @@ class ColumnBinding:
                 "column": column.name,
                 "semantic_orm": __version__,
                 "filter_by": describe(self.fields),
+                "normalize": list(self.column.settings.normalize),
+                "keywords": self.analyzer.id,
+                "fusion": dict(self.fusion),
             },
             indexes=tuple(f.index() for f in self.fields),
         )
@@ -93,7 +120,10 @@ class ColumnBinding:
     def fingerprint(self) -> str:
         """Digest of the model and chunking that produce this column's vectors."""
         spec = self.spec
-        return fingerprint(spec.model, spec.dimension, spec.metadata["chunker"])
+        extra: dict[str, Any] = {}
+        if tuple(spec.metadata["normalize"]) != DEFAULT_NORMALIZE:  # the vectors' text changes
+            extra["normalize"] = spec.metadata["normalize"]
+        return fingerprint(spec.model, spec.dimension, spec.metadata["chunker"], extra)
 
     def retarget(self, name: str) -> ColumnBinding:
         """The same binding, writing into collection ``name`` (a rebuild)."""
@@ -103,8 +133,10 @@ class ColumnBinding:
 def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
     """What differs between a collection's recorded metadata and what ``spec`` would record.
 
-    Compares the model, the dimension and each chunker setting; the library version and the
-    filter fields (:func:`filter_drift`: payload only, no vector changes) are not differences.
+    Compares the model, the dimension, the text normalisation, the keyword analyser and each
+    chunker setting; the
+    library version, the fusion rule (query time only) and the filter fields
+    (:func:`filter_drift`: payload only, no vector changes) are not differences.
     Settings a collection did not record (older servers) are not compared.
 
     Returns:
@@ -116,6 +148,9 @@ def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str,
     for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
         if key in recorded and recorded[key] != declared:
             changes[key] = (recorded[key], declared)
+    for key in ("normalize", "keywords"):  # compared when the collection recorded them
+        if key in recorded and recorded[key] != spec.metadata.get(key):
+            changes[key] = (recorded[key], spec.metadata.get(key))
     old = recorded.get("chunker")
     new = spec.metadata.get("chunker")
     if isinstance(old, Mapping) and isinstance(new, Mapping):
@@ -172,12 +207,18 @@ class Bindings:
         prefix: Prepended to every collection name.
         embedder_for: Returns the embedder for a column's declared model name (``None``: the
             index's default).
+        fusion: The index's hybrid rule (``Fusion.describe()``), recorded with collections.
     """
 
     def __init__(
-        self, store: Store, prefix: str, embedder_for: Callable[[str | None], Embedder]
+        self,
+        store: Store,
+        prefix: str,
+        embedder_for: Callable[[str | None], Embedder],
+        fusion: Mapping[str, Any] | None = None,
     ) -> None:
         self.store = store
+        self._fusion = tuple(sorted((fusion or {}).items()))
         self.prefix = prefix
         self._embedder_for = embedder_for
         self._bindings: dict[tuple[str, str, tuple[Any, ...]], ColumnBinding] = {}
@@ -234,6 +275,7 @@ class Bindings:
             target=name,
             embedder=self._embedder_for(column.settings.model),
             chunker=column.settings.make_chunker(),
+            fusion=self._fusion,
         )
         with self._lock:
             return self._bindings.setdefault(key, made)

@@ -25,6 +25,7 @@ from sqlalchemy.types import TypeDecorator
 
 from .chunking import Chunker, get_chunker
 from .exc import ConfigurationError, SemanticTypeError, SemanticValueError
+from .normalizing import DEFAULT_NORMALIZE, check_language, check_steps
 
 __all__ = ["SemanticText", "check_semantic_value"]
 
@@ -44,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
     "collection": None,
     "filter_by": (),
     "tenant": None,
+    "normalize": DEFAULT_NORMALIZE,
+    "language": None,
 }
 """Every constructor setting and its default: drives ``repr()``, ``copy()`` and the cache key."""
 
@@ -65,6 +68,14 @@ class SemanticText(TypeDecorator[str]):
         tenant: The one of ``filter_by`` that partitions the rows by tenant (indexed as a
             tenant, so that one tenant's search reads that tenant's points); added to
             ``filter_by`` if missing there.
+        normalize: Steps applied to what the embedder and the keyword analyser read, for
+            chunks and queries alike (:mod:`semantic_orm.normalizing`): ``"nfkc"`` (the
+            default), ``"t2s"`` (Traditional to Simplified Chinese), ``"lower"``,
+            ``"accents"``; ``()`` for none. The stored text and the offsets never change.
+        language: The text's language, for keyword search: stemming and stop words with
+            Qdrant's Snowball stemmers (``"german"`` or ``"de"``; see
+            :data:`semantic_orm.keywords.LANGUAGES`). ``None`` (the default) uses the
+            language-independent analyser (:mod:`semantic_orm.keywords`).
 
     Raises:
         ConfigurationError: When a setting is invalid (unknown strategy, ``overlap >= chunk_size``,
@@ -84,6 +95,8 @@ class SemanticText(TypeDecorator[str]):
         collection: str | None = None,
         filter_by: str | tuple[str, ...] | list[str] = (),
         tenant: str | None = None,
+        normalize: str | tuple[str, ...] | list[str] | None = DEFAULT_NORMALIZE,
+        language: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(chunker, str):
@@ -107,6 +120,8 @@ class SemanticText(TypeDecorator[str]):
             names = (*names, tenant)  # the tenant key always travels with the vectors
         self.filter_by: tuple[str, ...] = tuple(names)
         self.tenant = tenant
+        self.normalize: tuple[str, ...] = check_steps(normalize)
+        self.language = check_language(language)
         self.make_chunker()  # validate now, when the model is declared
 
     def make_chunker(self) -> Chunker:

@@ -275,11 +275,12 @@ def evaluate(
         idx = index or index_for(session)
         if idx is not None:
             col = pick_column(inspect(model), column if not isinstance(column, Mapping) else None)
-            embedder = idx.binding_for(col).embedder
+            binding = idx.binding_for(col)
+            embedder, read = binding.embedder, binding.normalizer
             for start in range(0, len(items), _ENCODE_BATCH):
                 batch = items[start : start + _ENCODE_BATCH]
                 vectors[start : start + len(batch)] = list(
-                    embedder.encode([g.question for g in batch])
+                    embedder.encode([read(g.question) for g in batch])
                 )
     results: list[QuestionResult] = []
     for item, vector in zip(items, vectors, strict=True):

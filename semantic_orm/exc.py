@@ -115,6 +115,10 @@ class ChunkTooLongWarning(UserWarning):
     """Chunks are longer than the embedding model's window, so their ends are not embedded."""
 
 
+class ModelCoverageWarning(UserWarning):
+    """A column's text is mostly in a script its embedding model cannot read."""
+
+
 class FilterFallbackWarning(UserWarning):
     """A search's ``where=`` ran in SQL only and read far more rows than it returned."""
 

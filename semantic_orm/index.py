@@ -68,6 +68,7 @@ from .exc import ConfigurationError
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .processing import Processor, ProcessReport, RetryPolicy
+from .ranking import DEFAULT_FUSION, Fusion
 from .staging import SessionTracker, Staged, StagingHooks
 from .stores.base import Store
 
@@ -199,6 +200,9 @@ class SemanticIndex:
         lease: Seconds a processor may take over claimed jobs before others may take them.
         create_outbox: Create the outbox table on first use if it is missing. Set ``False`` when
             your migrations create it.
+        fusion: How hybrid searches combine the dense and keyword rankings unless a search says
+            otherwise (default :class:`~semantic_orm.ranking.ScoreFusion`); recorded with each
+            collection the index creates.
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class SemanticIndex:
         retry_cap: float = 300.0,
         lease: float = 300.0,
         create_outbox: bool = True,
+        fusion: Fusion | None = None,
     ) -> None:
         if mode not in ("inline", "deferred"):
             raise ConfigurationError(
@@ -239,7 +244,10 @@ class SemanticIndex:
         self.create_outbox = create_outbox
         self.policy = RetryPolicy(max_attempts, retry_base, retry_cap, lease)
         self.token = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self.bindings = Bindings(store, collection_prefix, self._embedder_named)
+        self.fusion: Fusion = fusion or DEFAULT_FUSION
+        self.bindings = Bindings(
+            store, collection_prefix, self._embedder_named, self.fusion.describe()
+        )
         self.applier = Applier(store, self.bindings.check)
         self.processor = Processor(
             self._resolve,

@@ -2,50 +2,81 @@
 
 Dense embeddings capture meaning but blur exact strings: a product code such as ``XR-7734`` or a
 rare surname rarely lands near its own query. Keyword search catches those. Each chunk gets a
-*sparse vector* beside its dense one:
+*sparse vector* beside its dense one, from a :class:`KeywordAnalyzer`:
 
-* the text is normalised (NFKC, lower case, accents folded so ``évaluation`` matches
-  ``evaluation``) and split into words; runs of CJK characters, which have no spaces, become
-  overlapping character bigrams (``東京都`` -> ``東京``, ``京都``), the usual CJK indexing unit;
-* English and French stop words are dropped and a light plural rule folds ``rivers`` onto
-  ``river`` and ``bateaux`` onto ``bateau``;
-* each term is hashed (CRC-32) to a sparse dimension, so no vocabulary is stored;
+* the text is NFKC-normalised and lower-cased, then split by script: runs of Han, kana and
+  Hangul (no spaces between words) become overlapping character bigrams (``東京都`` -> ``東京``,
+  ``京都``), the usual CJK indexing unit, and so do runs of Thai, Lao, Khmer and Myanmar; other
+  text splits into words, whose combining marks (Devanagari vowel signs, Arabic harakat) stay
+  part of the word;
+* without a language (the default), accents are folded on Latin, Greek and Cyrillic words (so
+  ``évaluation`` matches ``evaluation``), except words marked as Vietnamese (``ơ``, ``ư``,
+  ``đ``, hook or dot below), where the accent tells words apart; English and French stop words
+  are dropped and a light plural rule folds ``rivers`` onto ``river``, ``bateaux`` onto
+  ``bateau``;
+* with a language (``SemanticText(language="german")``), words go through Qdrant's own BM25
+  tokenizer with that language's Snowball stemmer and stop-word list (the Rust implementation
+  in ``qdrant-edge-py``): measured keyword-only MRR@5 on XQuAD, Russian 0.665 -> 0.794,
+  Arabic 0.715 -> 0.802, German 0.850 -> 0.896, Spanish 0.908 -> 0.929;
+* words joined by ``-`` or an apostrophe (``XR-7734``, ``l'impôt``) also yield the whole form;
+* each term is hashed to a sparse dimension, so no vocabulary is stored;
 * a document's weight for a term is BM25's saturated term frequency
-  ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avg_len))``; a query's weight is 1 per term.
+  ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avg_len))``, the length counting a bigram as
+  a third of a word (bigram chunks hold about three times as many terms as word chunks of the
+  same size); a query's weight is 1 per distinct term.
 
 Qdrant multiplies by the inverse document frequency itself (the sparse vector is declared with
 the IDF modifier), so the dot product Qdrant computes is the BM25 score, and IDF stays correct as
 rows are added or deleted. Both store adapters use these same vectors, so keyword results do not
-depend on the backend.
+depend on the backend. The analyser's :attr:`~KeywordAnalyzer.id` is stored with each point and
+recorded with the collection: a change is drift.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
+import regex
+
+from .exc import MissingDependencyError
+from .normalizing import LANGUAGES, check_language
 from .stores.base import SparseVector
 
-__all__ = ["KEYWORDS_VERSION", "document_vector", "query_vector", "tokenize"]
+__all__ = [
+    "KEYWORDS_VERSION",
+    "KeywordAnalyzer",
+    "analyzer_for",
+    "document_vector",
+    "query_vector",
+    "tokenize",
+]
 
-KEYWORDS_VERSION = 1
+KEYWORDS_VERSION = 2
 """Bumped whenever tokenization changes; stored in point payloads so sync rewrites them."""
 
 K1 = 1.2
 B = 0.75
 AVG_LEN = 64.0
-"""Typical chunk length in terms (chunks of ~300-1000 characters)."""
+"""Typical chunk length in words (chunks of ~300-1000 characters)."""
+BIGRAM_LENGTH = 1 / 3
+"""What one character bigram counts for in a chunk's length, in words."""
 
-_CJK = (
-    "\u3040-\u30ff"  # hiragana, katakana
-    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs
-    "\uac00-\ud7af"  # hangul syllables
+_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+_RUN_RE = regex.compile(rf"[{_UNSPACED}][{_UNSPACED}\p{{M}}]*")
+_WORD_RE = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}\p{M}]*(?:[-'][\p{L}\p{N}][\p{L}\p{N}\p{M}]*)*")
+"""A word, in text without runs of the scripts above (they are cut out first)."""
+_COMPOUND_RE = regex.compile(
+    r"[\p{L}\p{N}][\p{L}\p{N}\p{M}]*(?:[-'][\p{L}\p{N}][\p{L}\p{N}\p{M}]*)+"
 )
-_TOKEN_RE = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+(?:[-'][^\W_{_CJK}]+)*")
-_CJK_RE = re.compile(rf"[{_CJK}]")
+_VIETNAMESE_RE = regex.compile("[\u01a1\u01b0\u0111\u0309\u031b\u0323]")
+"""ơ, ư, đ and the hook above, horn and dot below: letters of Vietnamese only."""
 
 _STOPWORDS = frozenset(
     """
@@ -60,11 +91,25 @@ _STOPWORDS = frozenset(
 )
 
 
-def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).lower()
-    decomposed = unicodedata.normalize("NFD", text)
-    stripped = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    return unicodedata.normalize("NFC", stripped)  # recompose Hangul syllables
+def _fold(word: str) -> str:
+    """``word`` without the accents of its Latin, Greek and Cyrillic letters."""
+    if word.isascii() or _VIETNAMESE_RE.search(unicodedata.normalize("NFD", word)):
+        return word
+    out: list[str] = []
+    for ch in unicodedata.normalize("NFD", word):
+        if unicodedata.combining(ch) and out and out[-1] < "\u0530":
+            continue  # an accent on a Latin, Greek or Cyrillic letter
+        out.append(ch)
+    return unicodedata.normalize("NFC", "".join(out))
+
+
+def _bigrams(run: str) -> Iterator[str]:
+    chars = regex.findall(r"\X", run)  # a letter with its marks counts as one character
+    if len(chars) == 1:
+        yield chars[0]
+        return
+    for i in range(len(chars) - 1):
+        yield chars[i] + chars[i + 1]
 
 
 def _stem(word: str) -> str:
@@ -77,21 +122,23 @@ def _stem(word: str) -> str:
     return word
 
 
+def _prepare(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).lower()
+
+
 def tokenize(text: str) -> Iterator[str]:
-    """The index terms of ``text``: folded words, stems, and CJK character bigrams.
+    """The index terms of ``text`` without a language: folded words, stems, and bigrams.
 
     Words joined by ``-`` or an apostrophe (``XR-7734``, ``l'impôt``) yield the whole form and
     each part, so a product code matches as a unit and by its pieces.
     """
-    for match in _TOKEN_RE.finditer(_fold(text)):
-        token = match.group()
-        if _CJK_RE.match(token):
-            if len(token) == 1:
-                yield token
-            else:
-                for i in range(len(token) - 1):
-                    yield token[i : i + 2]
-            continue
+    text = _prepare(text)
+    if _RUN_RE.search(text):
+        for run in _RUN_RE.finditer(text):
+            yield from _bigrams(run.group())
+        text = _RUN_RE.sub(" ", text)
+    for match in _WORD_RE.finditer(text):
+        token = _fold(match.group())
         parts = re.split(r"[-']", token)
         if len(parts) > 1:
             yield token
@@ -104,17 +151,113 @@ def _index(term: str) -> int:
     return zlib.crc32(term.encode("utf-8")) & 0x7FFFFFFF
 
 
+class KeywordAnalyzer:
+    """Turns chunks and queries into BM25 sparse vectors (see the module docstring).
+
+    Args:
+        language: A Snowball language (``"german"``, or its code ``"de"``) for stemming and
+            stop words, through ``qdrant-edge-py``; ``None`` for the built-in analyser.
+
+    Raises:
+        ConfigurationError: An unknown language.
+    """
+
+    def __init__(self, language: str | None = None) -> None:
+        self.language = check_language(language)
+        self._words: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"KeywordAnalyzer({self.language!r})"
+
+    @property
+    def id(self) -> str:
+        """What produced a vector, stored with each point: the version and the language."""
+        return (
+            str(KEYWORDS_VERSION)
+            if self.language is None
+            else f"{KEYWORDS_VERSION}:{self.language}"
+        )
+
+    def _qdrant(self) -> Any:
+        if self._words is None:
+            with self._lock:
+                if self._words is None:
+                    try:
+                        import qdrant_edge as qe
+                    except ImportError as exc:
+                        raise MissingDependencyError(
+                            f"keyword analysis in {self.language} uses Qdrant's stemmers: "
+                            "pip install 'semantic-orm[edge]'"
+                        ) from exc
+                    name = LANGUAGES[str(self.language)]
+                    stop = getattr(qe.Language, name, None)
+                    config = qe.Bm25Config(
+                        k=K1,
+                        b=0.0,  # weights carry the term frequency; the length is applied here
+                        tokenizer=qe.TokenizerType.Word,
+                        stemmer=qe.SnowballParams(getattr(qe.SnowballLanguage, name)),
+                        stopwords=stop if stop is not None else qe.StopwordsSet(),
+                    )
+                    self._words = qe.Bm25(config)
+        return self._words
+
+    def counts(self, text: str) -> tuple[Counter[int], float]:
+        """Each term's dimension and count in ``text``, and the text's length in words."""
+        if self.language is None:
+            counts: Counter[int] = Counter()
+            length = 0.0
+            for term in tokenize(text):
+                counts[_index(term)] += 1
+                length += BIGRAM_LENGTH if _RUN_RE.match(term) else 1.0
+            return counts, length
+        words = _prepare(text)
+        counts = Counter()
+        length = 0.0
+        if _RUN_RE.search(words):
+            for run in _RUN_RE.finditer(words):
+                for term in _bigrams(run.group()):
+                    counts[_index(term)] += 1
+                    length += BIGRAM_LENGTH
+            words = _RUN_RE.sub(" ", words)
+        if "-" in words or "'" in words:
+            for match in _COMPOUND_RE.finditer(words):  # codes and elisions as a whole, too
+                counts[_index(match.group())] += 1
+                length += 1.0
+        if words.strip():
+            found = self._qdrant().embed_document(words)
+            for index, value in zip(found.indices, found.values, strict=True):
+                tf = round(K1 * value / (K1 + 1 - value))  # b=0: value = tf (k1+1) / (tf+k1)
+                counts[int(index)] += tf
+                length += tf
+        return counts, length
+
+    def document_vector(self, text: str) -> SparseVector:
+        """The BM25 term-frequency vector of a chunk (IDF is applied by Qdrant)."""
+        counts, length = self.counts(text)
+        norm = K1 * (1 - B + B * length / AVG_LEN)
+        indices = sorted(counts)
+        values = [counts[i] * (K1 + 1) / (counts[i] + norm) for i in indices]
+        return SparseVector(tuple(indices), tuple(values))
+
+    def query_vector(self, text: str) -> SparseVector:
+        """A query's sparse vector: weight 1 for each distinct term."""
+        counts, _ = self.counts(text)
+        indices = sorted(counts)
+        return SparseVector(tuple(indices), tuple(1.0 for _ in indices))
+
+
+@functools.cache
+def analyzer_for(language: str | None) -> KeywordAnalyzer:
+    """The shared analyser for ``language`` (``None``: the built-in one)."""
+    return KeywordAnalyzer(language)
+
+
 def document_vector(text: str) -> SparseVector:
-    """The BM25 term-frequency vector of a chunk (IDF is applied by Qdrant)."""
-    counts = Counter(_index(t) for t in tokenize(text))
-    length = sum(counts.values())
-    norm = K1 * (1 - B + B * length / AVG_LEN)
-    indices = sorted(counts)
-    values = [counts[i] * (K1 + 1) / (counts[i] + norm) for i in indices]
-    return SparseVector(tuple(indices), tuple(values))
+    """The BM25 term-frequency vector of a chunk, with the built-in analyser."""
+    return analyzer_for(None).document_vector(text)
 
 
 def query_vector(text: str) -> SparseVector:
-    """A query's sparse vector: weight 1 for each distinct term."""
-    indices = sorted({_index(t) for t in tokenize(text)})
-    return SparseVector(tuple(indices), tuple(1.0 for _ in indices))
+    """A query's sparse vector with the built-in analyser: weight 1 for each distinct term."""
+    return analyzer_for(None).query_vector(text)

@@ -36,18 +36,25 @@ Three ranking modes (``mode=``):
 
 * ``"dense"``: cosine similarity of embeddings; ``hit.score`` is the cosine. Finds paraphrases.
 * ``"keyword"``: BM25 over the words of each chunk (:mod:`semantic_orm.keywords`); finds exact
-  codes, names and rare terms that embeddings blur. ``hit.score`` is the BM25 score.
+  codes, names and rare terms that embeddings blur. ``hit.score`` is the share of the query's
+  keyword evidence the chunk holds: its BM25 score over that of a chunk holding every query
+  term at saturation (the IDF comes from the store, one batched request per query), 0 to 1.
 * ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused
-  (:mod:`semantic_orm.ranking`); ``hit.scores`` has each ranking's own score.
+  (:mod:`semantic_orm.ranking`, :class:`~semantic_orm.ranking.ScoreFusion` by default): a
+  weighted sum of the cosine and the keyword share, the dense half weighted by how much of the
+  query the model reads (:meth:`SentenceTransformerEmbedder.coverage`), so a model that cannot
+  read the query's language does not pull a good keyword ranking down. ``hit.scores`` has each
+  ranking's own score.
 
-``score_threshold`` drops hits whose ``hit.score`` is below it, in every mode.
+``score_threshold`` drops hits whose ``hit.score`` is below it; the score is on a fixed
+``[-1, 1]`` scale in every mode, the same for every query.
 
 Ranking is deterministic: equal scores are ordered by primary key, then chunk index, and
 ``offset=`` pages concatenate exactly to one search with the combined limit.
 
-``semantic_search(session, [Article, Note], ...)`` searches several models at once: their
-rankings merge by score (dense, keyword) or are fused after merging (hybrid), and
-``hit.model`` says which model each hit is from.
+``semantic_search(session, [Article, Note], ...)`` searches several models at once: each
+model's hits are ranked as in its own search and merged by score (scores mean the same in
+every collection), and ``hit.model`` says which model each hit is from.
 
 :func:`asemantic_search` (and ``await Model.asemantic_search(session, ...)``) is the same search
 for an ``AsyncSession``: the embedding and the store calls run in worker threads, the SQL through
@@ -57,6 +64,7 @@ the session, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -78,8 +86,16 @@ from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
-from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order, pk_order
-from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Filter, Ranking, SearchRequest, StoreHit
+from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
+from .stores.base import (
+    DENSE_VECTOR,
+    SPARSE_VECTOR,
+    Filter,
+    Ranking,
+    SearchRequest,
+    SparseVector,
+    StoreHit,
+)
 
 __all__ = [
     "DEFAULT_MODE",
@@ -127,10 +143,14 @@ class SearchOptions(TypedDict, total=False):
         mode: ``"hybrid"`` (default), ``"dense"`` or ``"keyword"``; see the module docstring.
         column: The semantic attribute to search, if the model has several (over several
             models, ``{Model: name}``).
-        score_threshold: Drop hits whose score is below this (cosine in dense mode, BM25 in
-            keyword mode, the fused score in hybrid mode).
+        score_threshold: Drop hits whose ``hit.score`` is below this. The score is in
+            ``[-1, 1]`` in every mode: the cosine in dense mode, the share of the query's
+            keyword weight a chunk matches in keyword mode, their weighted sum in hybrid mode
+            (:class:`~semantic_orm.ranking.ScoreFusion`).
         chunks_per_row: In row mode, how many of a row's best chunks ``hit.chunks`` keeps.
         candidates: Ranks of each list fused per tier (the fusion window, default 100).
+        fusion: How hybrid mode combines its two rankings (default
+            :class:`~semantic_orm.ranking.ScoreFusion`; or ``ReciprocalRankFusion()``).
         index: The index to use, instead of the one installed on the session.
         query_vector: The column's embedding of the query, when it is already computed (e.g.
             many queries encoded in one batch); ``query`` still feeds keyword search.
@@ -145,6 +165,7 @@ class SearchOptions(TypedDict, total=False):
     score_threshold: float | None
     chunks_per_row: int
     candidates: int
+    fusion: Fusion | None
     index: SemanticIndex | None
     query_vector: Sequence[float] | npt.NDArray[np.float32] | None
 
@@ -160,6 +181,7 @@ class _Options:
     score_threshold: float | None = None
     chunks_per_row: int = 3
     candidates: int = DEFAULT_CANDIDATES
+    fusion: Fusion | None = None
     index: SemanticIndex | None = None
     query_vector: Any = None
 
@@ -195,6 +217,14 @@ class _Options:
             raise ConfigurationError(
                 f"semantic_search score_threshold must be a finite number or None, got {t!r}"
             )
+        f = self.fusion
+        if f is not None and not all(
+            callable(getattr(f, name, None)) for name in ("for_query", "score", "bound")
+        ):
+            raise ConfigurationError(
+                "semantic_search fusion must be a Fusion (ScoreFusion(), ReciprocalRankFusion()),"
+                f" got {type(f).__name__}"
+            )
 
 
 def _integer(name: str, value: Any, low: int, high: int) -> None:
@@ -216,7 +246,9 @@ class ScoredChunk:
     chunk: Chunk
     score: float
     scores: Mapping[str, float] = field(default_factory=dict)
-    """Raw score per ranking (``"dense"`` cosine, ``"keyword"`` BM25) it appeared in."""
+    """Its score in each ranking that found it: ``"dense"`` (cosine), ``"keyword"`` (raw BM25)
+    and ``"keyword_share"`` (BM25 over the query's attainable maximum, 0 to 1); in hybrid mode
+    also ``"fused"`` (equal to :attr:`score`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +273,7 @@ class SearchHit(Generic[T]):
 
     @property
     def scores(self) -> Mapping[str, float]:
-        """The best chunk's score in each ranking (``"dense"``, ``"keyword"``)."""
+        """The best chunk's score in each ranking (see :attr:`ScoredChunk.scores`)."""
         return self.chunks[0].scores
 
     def highlight(self, before: str = "**", after: str = "**", context: int = 80) -> str:
@@ -364,7 +396,10 @@ def _fetch(
 
 
 def _rankings(
-    vector: npt.NDArray[np.float32] | None, query: str, opts: _Options
+    vector: npt.NDArray[np.float32] | None,
+    sparse: SparseVector | None,
+    keyword_max: float,
+    opts: _Options,
 ) -> dict[str, _List]:
     """The ranked lists the mode needs (a keyword query without terms has none)."""
     lists: dict[str, _List] = {}
@@ -375,12 +410,55 @@ def _rankings(
         assert vector is not None
         alone = threshold if opts.mode == "dense" else None
         lists["dense"] = _List(Ranking(DENSE_VECTOR, vector, 1, threshold=alone))
-    if opts.mode in ("keyword", "hybrid"):
-        sparse = keywords.query_vector(query)
-        if sparse:
-            alone = threshold if opts.mode == "keyword" else None
-            lists["keyword"] = _List(Ranking(SPARSE_VECTOR, sparse, 1, threshold=alone))
+    if sparse:
+        keyword_alone = opts.mode == "keyword" and threshold is not None
+        alone = threshold * keyword_max if keyword_alone and threshold is not None else None
+        lists["keyword"] = _List(Ranking(SPARSE_VECTOR, sparse, 1, threshold=alone))
     return lists
+
+
+def _keyword_max(collection: str, sparse: SparseVector) -> Generator[_Step, Any, float]:
+    """The BM25 score of a chunk holding every term of ``sparse`` at saturation.
+
+    ``(k1 + 1) * sum(idf(t))`` over the query's distinct terms, with the IDF the store itself
+    applies: one batched request asks for each term's best point and its keyword vector, and
+    ``idf = score / weight``. No filter: IDF is over the whole collection. 1.0 when no term
+    occurs (the keyword list is empty then).
+    """
+    rankings = tuple(
+        Ranking(SPARSE_VECTOR, SparseVector((term,), (1.0,)), 1, with_vector=True)
+        for term in sparse.indices
+    )
+    found = yield _Query(collection, SearchRequest(rankings))
+    idf = 0.0
+    for term, hits in zip(sparse.indices, found, strict=True):
+        if not hits or hits[0].sparse is None:
+            continue
+        weights = dict(zip(hits[0].sparse.indices, hits[0].sparse.values, strict=True))
+        weight = weights.get(term)
+        if weight:
+            idf += hits[0].score / weight
+    return (keywords.K1 + 1) * idf if idf > 0 else 1.0
+
+
+def _annotate(ranked: list[Candidate], keyword_max: float, fused: bool) -> None:
+    """Add each candidate's ``keyword_share`` (and, fused, its ``fused`` score) to its scores."""
+    for cand in ranked:
+        scores = cand.scores
+        assert isinstance(scores, dict)
+        if "keyword" in scores:
+            scores["keyword_share"] = scores["keyword"] / keyword_max
+        if fused:
+            scores["fused"] = cand.score
+
+
+def _coverage(embedder: Any, query: str) -> float:
+    """How much of ``query`` the embedder's model reads (1.0 when it cannot say)."""
+    measure = getattr(embedder, "coverage", None)
+    if measure is None:
+        return 1.0
+    value = measure(query)
+    return 1.0 if value is None else float(value)
 
 
 def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
@@ -397,7 +475,7 @@ def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
         total_chunks=p.total_chunks,
         metadata=dict(p.meta),
     )
-    return ScoredChunk(chunk, cand.score, dict(cand.scores))
+    return ScoredChunk(chunk, cand.score, cand.scores)
 
 
 def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:
@@ -478,14 +556,22 @@ def _steps(
     col = binding.column
     mapper = col.mapper
     flt, why = _store_filter(binding, opts.where, untrusted())
+    read = binding.normalizer(query)  # what the embedder and the keyword analyser see
     vector: npt.NDArray[np.float32] | None = None
     if opts.mode != "keyword":
         if opts.query_vector is not None:
             vector = _checked_vector(opts.query_vector, binding)
         else:
-            vector = yield _Embed(binding, query)
-    lists = _rankings(vector, query, opts)
-    fusion = ReciprocalRankFusion() if len(lists) > 1 else None
+            vector = yield _Embed(binding, read)
+    sparse = binding.analyzer.query_vector(read) if opts.mode != "dense" else None
+    keyword_max = (yield from _keyword_max(binding.collection, sparse)) if sparse else 1.0
+    lists = _rankings(vector, sparse, keyword_max, opts)
+    fusion: Fusion | None = None
+    if len(lists) > 1:
+        fusion = (opts.fusion or DEFAULT_FUSION).for_query(
+            _coverage(binding.embedder, read), keyword_max
+        )
+    scale = keyword_max if opts.mode == "keyword" else 1.0
     threshold = opts.score_threshold
     want = opts.offset + opts.limit
     by_row = opts.group_by == "row"
@@ -501,12 +587,18 @@ def _steps(
     tier = 0
     while lists and len(hits) < want and len(row_tier) < want:
         lo, hi = tier * depth, (tier + 1) * depth
-        if fusion is not None and threshold is not None and fusion.bound(lo) < threshold:
-            break  # no point this deep can reach the threshold
+        if fusion is not None and threshold is not None and tier > 0:
+            # each list's last score so far bounds every score further down it
+            tops = {n: lst.hits[lo - 1].score for n, lst in lists.items() if len(lst.hits) >= lo}
+            if fusion.bound(lo, tops) < threshold:
+                break  # no point this deep can reach the threshold
         yield from _fetch(lists, binding.collection, hi, flt)
         if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
             break
-        ranked = fuse_tier({n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier)
+        ranked = fuse_tier(
+            {n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier, scale
+        )
+        _annotate(ranked, keyword_max, fusion is not None)
         if threshold is not None:
             ranked = [c for c in ranked if c.score >= threshold]
             if not ranked and fusion is None:
@@ -599,6 +691,8 @@ class _Search:
         self.query = query
         self.started = time.perf_counter()
         binding = self.binding
+        if opts.fusion is None:
+            opts = dataclasses.replace(opts, fusion=idx.fusion)
         self._steps = _steps(binding, model, query, opts, lambda: idx.bindings.untrusted(binding))
         self.hits: list[SearchHit[Any]] = []
 
@@ -657,61 +751,18 @@ def _many_key(hit: SearchHit[Any], position: int) -> tuple[float, int, tuple[int
     return (-hit.score, position, pk_order(pk), hit.chunk.index)
 
 
-def _many_merge(
-    found: list[dict[str, list[SearchHit[Any]]]], opts: _Options
-) -> list[SearchHit[Any]]:
+def _many_merge(found: list[list[SearchHit[Any]]], opts: _Options) -> list[SearchHit[Any]]:
     """One ranking of several models' hits, with the single-model semantics of ``opts.mode``.
 
-    Dense and keyword scores are per chunk, so the lists merge by score. Hybrid fuses the two
-    merged lists with the same rule as one model's search (reciprocal rank fusion over each
-    list's global ranks).
+    Every mode's score is on one fixed scale (cosine, keyword share, or their weighted sum), so
+    each model's own ranking merges by score; ties go to the model listed first.
     """
     want = opts.offset + opts.limit
-    if opts.mode != "hybrid":
-        merged = sorted(
-            ((hit, i) for i, lists in enumerate(found) for hit in lists[opts.mode]),
-            key=lambda pair: _many_key(*pair),
-        )
-        return [hit for hit, _ in merged][opts.offset : want]
-    ident: dict[tuple[int, str, int], SearchHit[Any]] = {}
-    ranks: dict[tuple[int, str, int], dict[str, int]] = {}
-    scores: dict[tuple[int, str, int], dict[str, float]] = {}
-    by_row = opts.group_by == "row"
-    for name in ("dense", "keyword"):
-        merged = sorted(
-            ((hit, i) for i, lists in enumerate(found) for hit in lists[name]),
-            key=lambda pair: _many_key(*pair),
-        )
-        for rank, (hit, i) in enumerate(merged):
-            key = (i, _many_key(hit, i)[2][2], -1 if by_row else hit.chunk.index)
-            ident.setdefault(key, hit)
-            ranks.setdefault(key, {})[name] = rank
-            scores.setdefault(key, {})[name] = hit.score
-    fusion = ReciprocalRankFusion()
-    fused = []
-    for key, hit in ident.items():
-        score = fusion.score(ranks[key], scores[key])
-        if opts.score_threshold is not None and score < opts.score_threshold:
-            continue
-        best = hit.chunks[0]
-        top = ScoredChunk(best.chunk, score, dict(scores[key]))
-        fused.append((SearchHit(hit.obj, score, (top, *hit.chunks[1:]), hit.text), key[0]))
-    fused.sort(key=lambda pair: _many_key(*pair))
-    return [hit for hit, _ in fused][opts.offset : want]
-
-
-def _many_requests(opts: _Options) -> list[tuple[str, dict[str, Any]]]:
-    """The single-model searches a search over several models runs per model."""
-    want = opts.offset + opts.limit
-    base = {"offset": 0, "limit": want}
-    if opts.mode != "hybrid":
-        return [(opts.mode, {**base, "mode": opts.mode})]
-    deep = {
-        "offset": 0,
-        "limit": min(max(want, opts.candidates), MAX_LIMIT),
-        "score_threshold": None,
-    }
-    return [("dense", {**deep, "mode": "dense"}), ("keyword", {**deep, "mode": "keyword"})]
+    merged = sorted(
+        ((hit, i) for i, hits in enumerate(found) for hit in hits),
+        key=lambda pair: _many_key(*pair),
+    )
+    return [hit for hit, _ in merged][opts.offset : want]
 
 
 def _search_many(
@@ -719,11 +770,9 @@ def _search_many(
 ) -> list[SearchHit[Any]]:
     plans = _many_plan(models, options)
     opts = _Options.read({k: v for k, v in options.items() if k not in ("where", "column")})
+    page = {"offset": 0, "limit": opts.offset + opts.limit}
     found = [
-        {
-            name: semantic_search(session, model, query, **{**plan, **extra})
-            for name, extra in _many_requests(opts)
-        }
+        semantic_search(session, model, query, **{**plan, **page})
         for model, plan in zip(models, plans, strict=True)
     ]
     return _many_merge(found, opts)
@@ -734,12 +783,11 @@ async def _asearch_many(
 ) -> list[SearchHit[Any]]:
     plans = _many_plan(models, options)
     opts = _Options.read({k: v for k, v in options.items() if k not in ("where", "column")})
-    found = []
-    for model, plan in zip(models, plans, strict=True):
-        lists = {}
-        for name, extra in _many_requests(opts):
-            lists[name] = await asemantic_search(session, model, query, **{**plan, **extra})
-        found.append(lists)
+    page = {"offset": 0, "limit": opts.offset + opts.limit}
+    found = [
+        await asemantic_search(session, model, query, **{**plan, **page})
+        for model, plan in zip(models, plans, strict=True)
+    ]
     return _many_merge(found, opts)
 
 

@@ -39,6 +39,7 @@ from .stores.base import (
     MatchExcept,
     PointPayload,
     Range,
+    Ranking,
     SearchRequest,
     SparseVector,
     Store,
@@ -300,8 +301,18 @@ class MemoryStore:
                     scored = [s for s in scored if s[0] >= ranking.threshold]
                 scored.sort(key=lambda s: (-s[0], s[1]))
                 page = scored[ranking.offset : ranking.offset + ranking.limit]
-                out.append([StoreHit(i, score, dict(p.payload)) for score, i, p in page])
+                out.append([self._hit(ranking, score, i, p) for score, i, p in page])
             return out
+
+    @staticmethod
+    def _hit(ranking: Ranking, score: float, pid: str, point: _Point) -> StoreHit:
+        if not ranking.with_vector:
+            return StoreHit(pid, score, dict(point.payload))
+        if ranking.using == DENSE_VECTOR:
+            return StoreHit(pid, score, dict(point.payload), point.dense.copy())
+        terms = sorted(point.sparse)
+        sparse = SparseVector(tuple(terms), tuple(point.sparse[t] for t in terms))
+        return StoreHit(pid, score, dict(point.payload), sparse=sparse)
 
     @staticmethod
     def _bm25(

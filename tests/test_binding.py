@@ -17,6 +17,7 @@ from semantic_orm import (
     SemanticIndex,
     SemanticText,
 )
+from semantic_orm.binding import drift
 from semantic_orm.testing import HashEmbedder, MemoryStore
 
 
@@ -44,7 +45,7 @@ def test_two_tables_on_one_collection_are_refused(installed: Any) -> None:
             s.commit()
 
 
-def _doc(chunk_size: int, model: str | None = None) -> Any:
+def _doc(chunk_size: int, model: str | None = None, **settings: Any) -> Any:
     """The same table and column, declared anew (as a new version of the app would)."""
 
     class B(DeclarativeBase):
@@ -54,7 +55,7 @@ def _doc(chunk_size: int, model: str | None = None) -> Any:
         __tablename__ = "doc"
         id: Mapped[int] = mapped_column(primary_key=True)
         body: Mapped[str | None] = mapped_column(
-            SemanticText(chunk_size=chunk_size, overlap=0, model=model)
+            SemanticText(chunk_size=chunk_size, overlap=0, model=model, **settings)
         )
 
     return Doc
@@ -104,3 +105,43 @@ def test_drift_names_each_change_and_search_only_passes_chunking_drift() -> None
     other_model = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32, name="h32"))
     with pytest.raises(EmbeddingDriftError, match="dimension: 64 -> 32"):
         other_model.bindings.check(other_model.binding_for(_column(_doc(200))), for_search=True)
+
+
+def test_normalisation_and_keyword_language_are_recorded_and_their_change_is_drift() -> None:
+    from semantic_orm import EmbeddingDriftError
+
+    store = MemoryStore()
+    old = SemanticIndex(store=store, embedder=HashEmbedder())
+    first = old.binding_for(_column(_doc(200)))
+    old.bindings.check(first)
+    recorded = store.collection_info(first.collection)
+    assert recorded is not None
+    assert recorded["normalize"] == ["nfkc"] and recorded["keywords"] == "2"
+    assert recorded["fusion"] == {"rule": "score", "dense_weight": 0.4, "coverage_power": 2.0}
+    new = SemanticIndex(store=store, embedder=HashEmbedder())
+    changed = new.binding_for(_column(_doc(200, normalize=("nfkc", "lower"), language="de")))
+    assert changed.fingerprint != first.fingerprint  # other text reaches the model
+    with pytest.raises(EmbeddingDriftError) as info:
+        new.bindings.check(changed)
+    assert info.value.changes == {
+        "normalize": (["nfkc"], ["nfkc", "lower"]),
+        "keywords": ("2", "2:german"),
+    }
+    # a collection recorded before these settings existed is not compared on them
+    legacy = {k: v for k, v in recorded.items() if k not in ("normalize", "keywords")}
+    assert drift(legacy, changed.spec) == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"normalize": ("nfkc", "upper")}, "unknown step"),
+        ({"normalize": ("nfkc", "nfkc")}, "repeats"),
+        ({"normalize": 3}, "step names"),
+        ({"language": "klingon"}, "no stemmer for 'klingon'"),
+        ({"language": 7}, "language name or code"),
+    ],
+)
+def test_bad_text_settings_are_refused_at_declaration(settings: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        SemanticText(**settings)

@@ -13,11 +13,13 @@ from sqlalchemy.orm import sessionmaker
 
 from semantic_orm import (
     ChunkTooLongWarning,
+    ModelCoverageWarning,
     CollectionMismatchError,
     SemanticIndex,
     SentenceTransformerEmbedder,
     outbox,
 )
+from semantic_orm.normalizing import Normalizer
 from semantic_orm.testing import HashEmbedder
 
 from .models import Article, Base, Wide
@@ -167,3 +169,41 @@ def test_overlong_chunks_are_split_at_token_boundaries_not_truncated(
         assert p["pk"] == str(pk) and p["total_chunks"] == len(payloads)
         covered = max(covered, p["end_offset"])
     assert covered == len(text)  # nothing past the window was dropped
+
+
+CHINESE = {
+    "长城": "长城是中国古代的军事防御工程，东起山海关，西至嘉峪关，全长两万多公里。",
+    "熊猫": "大熊猫生活在四川的山林里，主要以竹子为食，是中国的国宝。",
+    "茶": "中国是茶的故乡，绿茶、红茶和乌龙茶都起源于中国南方的山区。",
+}
+
+
+def test_the_model_coverage_of_a_query_decides_how_much_dense_counts(
+    RealSession: sessionmaker[OrmSession], minilm: SentenceTransformerEmbedder
+) -> None:
+    assert minilm.coverage("Which mountain in Italy erupts often?") > 0.9
+    assert minilm.coverage("大熊猫吃什么") < 0.1  # BERT's English vocabulary: single characters
+    wide = "ｌｏｎｄｏｎ ｃａｌｌｉｎｇ"  # full-width: [UNK] until NFKC folds it (the default)
+    assert minilm.coverage(wide) == 0.0 and minilm.coverage(Normalizer()(wide)) > 0.9
+    with RealSession() as s:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s.add_all(Article(title=k, content=v) for k, v in CHINESE.items())
+            s.commit()
+            s.add(Article(title="长城2", content="长城很长。" * 3))
+            s.commit()
+        coverage = [w for w in caught if issubclass(w.category, ModelCoverageWarning)]
+        assert len(coverage) == 1  # once per column, naming it and the model
+        assert "Article.content" in str(coverage[0].message)
+        assert "all-MiniLM-L6-v2" in str(coverage[0].message)
+        # a model that cannot read the query: hybrid ranks as keyword search does, and what
+        # only the dense half found comes after, with a score near 0
+        for query in ("大熊猫吃竹子", "绿茶起源于哪里", "长城有多长"):
+            hybrid = Article.semantic_search(s, query, limit=4, group_by="chunk")
+            keyword = Article.semantic_search(s, query, limit=4, group_by="chunk", mode="keyword")
+            assert keyword and len(hybrid) == 4
+            assert [h.obj.title for h in hybrid[: len(keyword)]] == [h.obj.title for h in keyword]
+            for fused, alone in zip(hybrid, keyword, strict=False):
+                assert fused.score == pytest.approx(alone.score, abs=0.01)
+            assert all(h.score < 0.01 for h in hybrid[len(keyword) :])
+        assert Article.semantic_search(s, "大熊猫吃竹子", limit=1)[0].obj.title == "熊猫"

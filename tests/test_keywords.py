@@ -49,3 +49,43 @@ def test_query_vectors_weigh_each_distinct_term_once() -> None:
 @pytest.mark.parametrize("text", ["", "   ", "!!!"])
 def test_empty_text_gives_an_empty_vector(text: str) -> None:
     assert document_vector(text).indices == ()
+
+
+def test_scripts_without_spaces_become_bigrams_and_marks_stay_in_their_word() -> None:
+    # Thai has no spaces: bigrams of its characters (a letter with its marks is one)
+    assert list(tokenize("นักเรียน")) == ["นัก", "กเ", "เรี", "รีย", "ยน"]
+    # Devanagari vowel signs and the virama are part of the word, not separators
+    assert list(tokenize("हिन्दी भाषा")) == ["हिन्दी", "भाषा"]
+    # Vietnamese accents tell words apart: kept; a French word's are folded
+    assert list(tokenize("người Việt")) == ["người", "việt"]
+    assert list(tokenize("élève")) == ["eleve"]
+    # Arabic harakat are marks of the word too
+    assert list(tokenize("كَتَبَ")) == ["كَتَبَ"]
+
+
+def test_bigram_chunks_count_a_third_of_a_word_each_in_their_length() -> None:
+    counts, length = keywords.analyzer_for(None).counts("東京都 river")
+    assert sum(counts.values()) == 3 and length == pytest.approx(2 / 3 + 1)
+
+
+def test_a_language_stems_with_qdrants_snowball_and_keeps_codes_whole() -> None:
+    german = keywords.analyzer_for("de")
+    assert german is keywords.analyzer_for("de") and german.language == "german"
+    assert german.id == f"{keywords.KEYWORDS_VERSION}:german"
+    houses = german.document_vector("Die Häuser am See")
+    house = german.query_vector("Haus")
+    assert set(house.indices) <= set(houses.indices)  # Häuser and Haus share a stem
+    assert not german.query_vector("die und das")  # German stop words
+    code = german.query_vector("XR-7734")
+    assert set(code.indices) <= set(german.document_vector("Filter XR-7734 tauschen").indices)
+    assert len(code.indices) == 3  # the whole code, and its two parts
+    mixed = german.counts("Tokio 東京都")[0]
+    assert keywords._index("東京") in mixed and keywords._index("京都") in mixed
+    russian = keywords.analyzer_for("russian")
+    assert set(russian.query_vector("столицы").indices) == set(
+        russian.query_vector("столица").indices
+    )
+    # its weights saturate and normalise by length like the built-in analyser's
+    (w1,) = german.document_vector("Pumpe").values
+    (w2,) = german.document_vector("Pumpe Pumpe").values
+    assert w1 < w2 < keywords.K1 + 1

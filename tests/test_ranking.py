@@ -3,7 +3,19 @@ only extends (no store, no database)."""
 
 from __future__ import annotations
 
-from semantic_orm.ranking import ReciprocalRankFusion, complete, fuse_tier, order, pk_order
+import math
+
+import pytest
+
+from semantic_orm.exc import ConfigurationError
+from semantic_orm.ranking import (
+    ReciprocalRankFusion,
+    ScoreFusion,
+    complete,
+    fuse_tier,
+    order,
+    pk_order,
+)
 from semantic_orm.stores.base import StoreHit
 
 
@@ -38,4 +50,45 @@ def test_tiers_fuse_ranks_over_the_whole_list_and_never_repeat_a_point() -> None
     assert b.score == 1 / 61 + 1 / 60 and b.scores == {"dense": 0.8, "keyword": 3.0}
     later = fuse_tier({"dense": [hit("a", 0.1), hit("d", 0.05)]}, 2, rrf, seen, 1)
     assert [c.payload.pk for c in later] == ["d"] and later[0].score == 1 / 63
-    assert rrf.bound(2) == 2 / 62
+    assert rrf.bound(2, {}) == 2 / 62
+
+
+def test_score_fusion_is_a_fixed_scale_weighted_by_the_query_coverage() -> None:
+    rule = ScoreFusion()
+    read = rule.for_query(coverage=1.0, keyword_max=10.0)
+    dense, keyword = read.weights
+    assert math.isclose(dense, 0.4) and math.isclose(keyword, 0.6)
+    # a point both lists found: the weighted sum of cosine and keyword share
+    both = read.score({"dense": 0, "keyword": 0}, {"dense": 0.5, "keyword": 5.0}, {})
+    assert math.isclose(both, 0.4 * 0.5 + 0.6 * 0.5)
+    # one the dense list missed gets the tier's lowest cosine; keyword missing counts 0
+    missed = read.score({"keyword": 3}, {"keyword": 5.0}, {"dense": 0.2})
+    assert math.isclose(missed, 0.4 * 0.2 + 0.6 * 0.5)
+    assert math.isclose(read.score({"dense": 1}, {"dense": 0.5}, {}), 0.4 * 0.5)
+    # a query the model cannot read: keyword decides alone, on the same scale
+    unread = rule.for_query(coverage=0.0, keyword_max=10.0)
+    assert unread.weights == (0.0, 1.0)
+    assert math.isclose(unread.score({}, {"dense": 0.99, "keyword": 2.0}, {}), 0.2)
+    # the bound is what the lists' current scores could still give
+    assert math.isclose(read.bound(5, {"dense": 0.3, "keyword": 1.0}), 0.4 * 0.3 + 0.6 * 0.1)
+    assert read.bound(5, {}) == -0.4
+    assert rule.describe() == {"rule": "score", "dense_weight": 0.4, "coverage_power": 2.0}
+
+
+def test_score_fusion_ranks_a_noisy_dense_list_below_a_confident_keyword_list() -> None:
+    # keyword finds "k" clearly; dense (a model that cannot read the query) ranks noise first
+    dense = [hit("n1", 0.72), hit("n2", 0.71), hit("k", 0.70)]
+    keyword = [hit("k", 8.0), hit("n1", 0.2)]
+    rrf = fuse_tier({"dense": dense, "keyword": keyword}, 0, ReciprocalRankFusion(), set(), 0)
+    assert rrf[0].payload.pk == "n1"  # rank agreement beats a confident keyword match
+    rule = ScoreFusion().for_query(coverage=0.1, keyword_max=10.0)
+    ranked = fuse_tier({"dense": dense, "keyword": keyword}, 0, rule, set(), 0)
+    assert [c.payload.pk for c in ranked] == ["k", "n1", "n2"]
+    assert ranked[0].score > 0.75 > 0.05 > ranked[1].score
+
+
+def test_score_fusion_rejects_weights_out_of_range() -> None:
+    with pytest.raises(ConfigurationError, match="dense_weight"):
+        ScoreFusion(dense_weight=1.5)
+    with pytest.raises(ConfigurationError, match="coverage_power"):
+        ScoreFusion(coverage_power=-1)

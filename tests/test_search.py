@@ -6,6 +6,7 @@ which ranks texts by shared words (search quality with a real model: test_integr
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from semantic_orm import (
     SemanticIndex,
     SemanticSearchMixin,
     SemanticText,
+    keywords,
     semantic_search,
 )
 
@@ -244,7 +246,22 @@ def test_keyword_mode_matches_words_only_and_hybrid_is_the_default(
         assert Article.semantic_search(s, "the of and", limit=5, mode="keyword") == []  # stopwords
         hybrid = Article.semantic_search(s, "spring ZK-9041", limit=3)
         assert hybrid[0].obj.title == "code"
-        assert hybrid[0].score == pytest.approx(2 / 60, rel=1e-4)  # first in both rankings
+        # the keyword share: BM25 over (k1 + 1) * sum(idf) of the query's distinct terms
+        terms = set(keywords.tokenize("spring ZK-9041"))
+        assert terms == {"zk-9041", "zk", "9041", "spring"}
+        n = {"zk-9041": 1, "zk": 1, "9041": 1, "spring": 2}  # chunks holding each term, of 3
+        idf = sum(math.log(1 + (3 - n[t] + 0.5) / (n[t] + 0.5)) for t in terms)
+        top = hybrid[0].scores
+        assert top["keyword_share"] == pytest.approx(top["keyword"] / (2.2 * idf), rel=1e-4)
+        assert 0.5 < top["keyword_share"] < 1
+        # HashEmbedder cannot say what it reads (coverage 1): 0.4 * cosine + 0.6 * share
+        fused = 0.4 * top["dense"] + 0.6 * top["keyword_share"]
+        assert hybrid[0].score == top["fused"] == pytest.approx(fused, rel=1e-5)
+        # keyword mode scores on the same scale; a threshold means the same in every mode
+        alone = Article.semantic_search(s, "spring ZK-9041", mode="keyword")
+        assert alone[0].score == pytest.approx(top["keyword_share"], rel=1e-5)
+        half = Article.semantic_search(s, "spring ZK-9041", mode="keyword", score_threshold=0.5)
+        assert [h.obj.title for h in half] == ["code"] and len(alone) == 2
 
 
 def test_chunk_mode_skips_near_duplicate_windows_of_the_same_row(

@@ -65,7 +65,9 @@ def test_hybrid_fuses_the_merged_rankings(both: Any) -> None:
         assert hits[0].model is Note and hits[0].obj.slug == "oven"
         assert all(not (h.model is Article and h.obj.id == 3) for h in hits)
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
-        assert set(hits[0].scores) == {"dense", "keyword"}
+        assert set(hits[0].scores) == {"dense", "keyword", "keyword_share", "fused"}
+        alone = Note.semantic_search(s, "bread in the oven", column="body", limit=1)
+        assert hits[0].score == alone[0].score  # the same ranking as the model's own search
 
 
 def test_several_models_refuse_what_they_cannot_mean(both: Any) -> None:

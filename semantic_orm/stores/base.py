@@ -252,12 +252,14 @@ class VectorPoint:
 
 @dataclass(frozen=True, slots=True)
 class StoreHit:
-    """A point returned by a store: its id, score, payload and (if asked) dense vector."""
+    """A point returned by a store: its id, score, payload and (if asked) its vectors."""
 
     id: str
     score: float
     payload: Mapping[str, Any]
     vector: npt.NDArray[np.float32] | None = None
+    sparse: SparseVector | None = None
+    """Its keyword vector, when a keyword ranking asked for it (``Ranking.with_vector``)."""
 
 
 # -- filters ------------------------------------------------------------------------------------
@@ -415,7 +417,8 @@ class Ranking:
 
     ``using`` is :data:`DENSE_VECTOR` (``vector`` is the query embedding, scores are cosines)
     or :data:`SPARSE_VECTOR` (``vector`` is a :class:`SparseVector`, scores are BM25). Points
-    scoring below ``threshold`` are left out.
+    scoring below ``threshold`` are left out. With ``with_vector`` each hit also carries its own
+    vector of this ranking (:attr:`StoreHit.vector` or :attr:`StoreHit.sparse`).
     """
 
     using: Literal["dense", "bm25"]
@@ -423,6 +426,7 @@ class Ranking:
     limit: int
     offset: int = 0
     threshold: float | None = None
+    with_vector: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -392,6 +392,7 @@ class QdrantClientStore(QdrantStore):
             filter=flt,
             score_threshold=ranking.threshold,
             with_payload=True,
+            with_vector=[ranking.using] if ranking.with_vector else False,
         )
 
     def _query_batch(self, collection: str, requests: list[Any]) -> list[list[Any]]:

@@ -577,6 +577,7 @@ class EdgeStore(QdrantStore):
             filter=flt,
             score_threshold=ranking.threshold,
             with_payload=True,
+            with_vector=[ranking.using] if ranking.with_vector else None,
         )
 
     def _query_batch(self, collection: str, requests: list[Any]) -> list[list[Any]]:

@@ -108,6 +108,14 @@ def dense_of(raw: Any) -> np.ndarray[Any, np.dtype[np.float32]] | None:
     return None if value is None else np.asarray(value, dtype=np.float32)
 
 
+def sparse_of(raw: Any) -> SparseVector | None:
+    """The keyword vector of a record's vectors (a dict of named vectors), if it has one."""
+    value = raw.get(SPARSE_VECTOR) if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    return SparseVector(tuple(int(i) for i in value.indices), tuple(map(float, value.values)))
+
+
 class QdrantStore:
     """Point operations shared by :class:`~semantic_orm.stores.EdgeStore` and
     :class:`~semantic_orm.stores.QdrantClientStore`.
@@ -239,9 +247,24 @@ class QdrantStore:
         native = None if request.filter is None else translate(request.filter, self.builder)
         requests = [self._request(r, self._native_vector(r), native) for r in request.rankings]
         found = self._query_batch(collection, requests)
-        return [
-            [StoreHit(str(p.id), float(p.score), p.payload or {}) for p in hits] for hits in found
-        ]
+        out: list[list[StoreHit]] = []
+        for ranking, hits in zip(request.rankings, found, strict=True):
+            if not ranking.with_vector:
+                out.append([StoreHit(str(p.id), float(p.score), p.payload or {}) for p in hits])
+                continue
+            out.append(
+                [
+                    StoreHit(
+                        str(p.id),
+                        float(p.score),
+                        p.payload or {},
+                        dense_of(p.vector) if ranking.using == DENSE_VECTOR else None,
+                        sparse_of(p.vector) if ranking.using == SPARSE_VECTOR else None,
+                    )
+                    for p in hits
+                ]
+            )
+        return out
 
     def count(self, collection: str) -> int:
         """Points in the collection (0 if it does not exist)."""

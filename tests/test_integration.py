@@ -13,8 +13,8 @@ from sqlalchemy.orm import sessionmaker
 
 from semantic_orm import (
     ChunkTooLongWarning,
-    ModelCoverageWarning,
     CollectionMismatchError,
+    ModelCoverageWarning,
     SemanticIndex,
     SentenceTransformerEmbedder,
     outbox,

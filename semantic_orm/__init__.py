@@ -46,6 +46,7 @@ from .exc import (
     VectorStoreError,
 )
 from .index import SemanticIndex, index_for
+from .rerank import CrossEncoderReranker, Reranker
 from .search import (
     ScoredChunk,
     SearchHit,
@@ -66,6 +67,7 @@ __all__ = [
     "Chunker",
     "CollectionMismatchError",
     "ConfigurationError",
+    "CrossEncoderReranker",
     "EdgeStore",
     "Embedder",
     "EmbeddingDriftError",
@@ -75,6 +77,7 @@ __all__ = [
     "MissingDependencyError",
     "QdrantClientStore",
     "RecursiveChunker",
+    "Reranker",
     "ScoredChunk",
     "SearchHit",
     "SearchOptions",

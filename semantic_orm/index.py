@@ -68,6 +68,7 @@ from .exc import ConfigurationError
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .processing import Processor, ProcessReport, RetryPolicy
+from .rerank import Reranker
 from .staging import SessionTracker, Staged, StagingHooks
 from .stores.base import Store
 
@@ -199,6 +200,8 @@ class SemanticIndex:
         lease: Seconds a processor may take over claimed jobs before others may take them.
         create_outbox: Create the outbox table on first use if it is missing. Set ``False`` when
             your migrations create it.
+        reranker: A :class:`~semantic_orm.rerank.Reranker` every search through this index
+            uses unless it passes ``rerank=`` (``rerank=False`` turns it off).
     """
 
     def __init__(
@@ -215,6 +218,7 @@ class SemanticIndex:
         retry_cap: float = 300.0,
         lease: float = 300.0,
         create_outbox: bool = True,
+        reranker: Reranker | None = None,
     ) -> None:
         if mode not in ("inline", "deferred"):
             raise ConfigurationError(
@@ -227,6 +231,11 @@ class SemanticIndex:
                 raise ConfigurationError(f"SemanticIndex {name} must be >= 0, got {value}")
         if not lease > 0:
             raise ConfigurationError(f"SemanticIndex lease must be > 0 seconds, got {lease}")
+        if reranker is not None and not isinstance(reranker, Reranker):
+            raise ConfigurationError(
+                "SemanticIndex reranker must be a Reranker (a name and score(query, passages)), "
+                f"got {reranker!r}"
+            )
         if store is None:
             from .stores.edge import EdgeStore
 
@@ -237,6 +246,7 @@ class SemanticIndex:
         self.collection_prefix = collection_prefix
         self.mode = mode
         self.create_outbox = create_outbox
+        self.reranker = reranker
         self.policy = RetryPolicy(max_attempts, retry_base, retry_cap, lease)
         self.token = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.bindings = Bindings(store, collection_prefix, self._embedder_named)

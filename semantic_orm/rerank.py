@@ -12,8 +12,8 @@ A reranker is anything that satisfies the small :class:`Reranker` protocol: a ``
 relevant; the whole candidate window is passed in one call, so an implementation can batch.
 
 :class:`CrossEncoderReranker` is the real one: a sentence-transformers ``CrossEncoder``
-(``"cross-encoder/ms-marco-MiniLM-L6-v2"``, ``"BAAI/bge-reranker-base"``, a local path), imported
-and loaded only when it first scores. :class:`~semantic_orm.testing.OverlapReranker` is a
+(``"cross-encoder/ms-marco-MiniLM-L-6-v2"``, ``"BAAI/bge-reranker-base"``, a local path),
+imported and loaded only when it first scores. :class:`~semantic_orm.testing.OverlapReranker` is a
 deterministic test double.
 """
 

@@ -37,7 +37,8 @@ from .models import Article, Base, Note
 QUERY = "amber river delta lagoon"
 DOCS = {
     1: "river river river river flows past the old town.",
-    2: "amber river delta appear once in this long, quiet note about old maps, roads, hills, towns, farms and other places.",
+    2: "amber river delta appear once in this long, quiet note about old maps, roads, hills, "
+    "towns, farms and other places.",
     3: "delta delta delta delta delta of sand and silt.",
     4: "the amber stone lay on the river bank.",
     5: "amber amber amber amber amber jewelry for sale.",

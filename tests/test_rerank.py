@@ -129,6 +129,11 @@ def test_pages_concatenate_to_one_reranked_search(Session: sessionmaker[OrmSessi
         calls = double.calls
         past = semantic_search(s, Article, QUERY, limit=2, offset=8, rerank=double, rerank_window=6)
         assert keys(past) == keys(whole[8:10]) and double.calls == calls
+        # the deepest page: the window and the rest are read as two first-stage searches
+        deep = semantic_search(s, Article, QUERY, limit=10_000, offset=3, rerank=double,
+                               rerank_window=6)  # fmt: skip
+        every = semantic_search(s, Article, QUERY, limit=len(DOCS), rerank=double, rerank_window=6)
+        assert keys(deep) == keys(every[3:]) and keys(every[:10]) == keys(whole)
 
 
 def test_hits_past_the_window_keep_the_first_stage_order(

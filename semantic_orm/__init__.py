@@ -48,6 +48,7 @@ from .exc import (
 )
 from .index import SemanticIndex, index_for
 from .ranking import Fusion, ReciprocalRankFusion, ScoreFusion
+from .rerank import CrossEncoderReranker, Reranker
 from .search import (
     ScoredChunk,
     SearchHit,
@@ -68,6 +69,7 @@ __all__ = [
     "Chunker",
     "CollectionMismatchError",
     "ConfigurationError",
+    "CrossEncoderReranker",
     "EdgeStore",
     "Embedder",
     "EmbeddingDriftError",
@@ -80,6 +82,7 @@ __all__ = [
     "QdrantClientStore",
     "ReciprocalRankFusion",
     "RecursiveChunker",
+    "Reranker",
     "ScoreFusion",
     "ScoredChunk",
     "SearchHit",

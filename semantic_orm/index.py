@@ -69,6 +69,7 @@ from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .processing import Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
+from .rerank import Reranker
 from .staging import SessionTracker, Staged, StagingHooks
 from .stores.base import Store
 
@@ -203,6 +204,8 @@ class SemanticIndex:
         fusion: How hybrid searches combine the dense and keyword rankings unless a search says
             otherwise (default :class:`~semantic_orm.ranking.ScoreFusion`); recorded with each
             collection the index creates.
+        reranker: A :class:`~semantic_orm.rerank.Reranker` every search through this index
+            uses unless it passes ``rerank=`` (``rerank=False`` turns it off).
     """
 
     def __init__(
@@ -220,6 +223,7 @@ class SemanticIndex:
         lease: float = 300.0,
         create_outbox: bool = True,
         fusion: Fusion | None = None,
+        reranker: Reranker | None = None,
     ) -> None:
         if mode not in ("inline", "deferred"):
             raise ConfigurationError(
@@ -232,6 +236,11 @@ class SemanticIndex:
                 raise ConfigurationError(f"SemanticIndex {name} must be >= 0, got {value}")
         if not lease > 0:
             raise ConfigurationError(f"SemanticIndex lease must be > 0 seconds, got {lease}")
+        if reranker is not None and not isinstance(reranker, Reranker):
+            raise ConfigurationError(
+                "SemanticIndex reranker must be a Reranker (a name and score(query, passages)), "
+                f"got {reranker!r}"
+            )
         if store is None:
             from .stores.edge import EdgeStore
 
@@ -242,6 +251,7 @@ class SemanticIndex:
         self.collection_prefix = collection_prefix
         self.mode = mode
         self.create_outbox = create_outbox
+        self.reranker = reranker
         self.policy = RetryPolicy(max_attempts, retry_base, retry_cap, lease)
         self.token = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.fusion: Fusion = fusion or DEFAULT_FUSION

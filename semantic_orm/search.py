@@ -52,6 +52,12 @@ Three ranking modes (``mode=``):
 Ranking is deterministic: equal scores are ordered by primary key, then chunk index, and
 ``offset=`` pages concatenate exactly to one search with the combined limit.
 
+``rerank=`` adds a second, finer stage (:mod:`semantic_orm.rerank`): the first
+``rerank_window`` hits (50 by default) are reordered by a reranker that reads the query and each
+hit's chunk together, such as a cross-encoder. The window does not depend on ``offset``/``limit``,
+so pages still concatenate to one search; ``hit.rerank_score`` holds the reranker's score and
+``hit.score`` stays the first-stage score (see :func:`semantic_search`).
+
 ``semantic_search(session, [Article, Note], ...)`` searches several models at once: each
 model's hits are ranked as in its own search and merged by score (scores mean the same in
 every collection), and ``hit.model`` says which model each hit is from.
@@ -70,8 +76,8 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, overload
 
 import numpy as np
@@ -87,6 +93,7 @@ from .filtering import compile_where
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
+from .rerank import Reranker, rerank_scores
 from .stores.base import (
     DENSE_VECTOR,
     SPARSE_VECTOR,
@@ -99,6 +106,7 @@ from .stores.base import (
 
 __all__ = [
     "DEFAULT_MODE",
+    "DEFAULT_RERANK_WINDOW",
     "SEARCH_MODES",
     "ScoredChunk",
     "SearchHit",
@@ -120,6 +128,10 @@ MAX_OFFSET = 100_000
 MAX_DEPTH = 1_000_000
 """Deepest a ranking is read (chunks)."""
 DEFAULT_CANDIDATES = 100
+DEFAULT_RERANK_WINDOW = 50
+"""First-stage hits a reranker reorders when ``rerank_window`` is not given."""
+MAX_RERANK_WINDOW = 1_000
+_RERANK_KEYS = ("rerank", "rerank_window")
 SCAN_WARNING_ROWS = 1_000
 """Rows a where= in SQL may load before :class:`FilterFallbackWarning` says so."""
 log = logging.getLogger("semantic_orm")
@@ -154,6 +166,11 @@ class SearchOptions(TypedDict, total=False):
         index: The index to use, instead of the one installed on the session.
         query_vector: The column's embedding of the query, when it is already computed (e.g.
             many queries encoded in one batch); ``query`` still feeds keyword search.
+        rerank: A :class:`~semantic_orm.rerank.Reranker` that reorders the first
+            ``rerank_window`` hits; ``None`` (the default) uses the index's ``reranker=`` if it
+            has one, ``False`` turns reranking off.
+        rerank_window: First-stage hits the reranker reorders (1 to 1,000, default 50); hits
+            past it follow in first-stage order.
     """
 
     limit: int
@@ -168,6 +185,8 @@ class SearchOptions(TypedDict, total=False):
     fusion: Fusion | None
     index: SemanticIndex | None
     query_vector: Sequence[float] | npt.NDArray[np.float32] | None
+    rerank: Reranker | Literal[False] | None
+    rerank_window: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +206,14 @@ class _Options:
 
     @classmethod
     def read(cls, options: Mapping[str, Any]) -> _Options:
-        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+        known = (*cls.__dataclass_fields__, *_RERANK_KEYS)  # the rerank stage reads those
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise ConfigurationError(
                 f"semantic_search got unknown option(s) {', '.join(unknown)}; known: "
-                f"{', '.join(cls.__dataclass_fields__)}"
+                f"{', '.join(known)}"
             )
-        made = cls(**options)
+        made = cls(**{k: v for k, v in options.items() if k not in _RERANK_KEYS})
         made.check()
         return made
 
@@ -260,6 +280,8 @@ class SearchHit(Generic[T]):
     chunks: tuple[ScoredChunk, ...]
     text: str
     """The row's full semantic text, which the chunks' offsets index into."""
+    rerank_score: float | None = None
+    """The reranker's score, for hits a ``rerank=`` search reordered (``None`` otherwise)."""
 
     @property
     def model(self) -> type[Any]:
@@ -791,6 +813,102 @@ async def _asearch_many(
     return _many_merge(found, opts)
 
 
+# -- rerank: broad then fine ----------------------------------------------------------------------
+# A layer around the whole search: it reads the first-stage hits through semantic_search itself
+# and only reorders them, so it does not depend on how they were ranked.
+
+
+@dataclass(frozen=True, slots=True)
+class _Rerank:
+    """The rerank stage of one search: which first-stage hits to read, and how to reorder."""
+
+    reranker: Reranker
+    window: int
+    offset: int
+    limit: int
+
+    def pages(self) -> list[dict[str, Any]]:
+        """The first-stage searches to run (their hits concatenate)."""
+        end = self.offset + self.limit
+        if self.offset >= self.window:  # a page past the window: first-stage order as it is
+            return [{"offset": self.offset, "limit": self.limit, "rerank": False}]
+        if max(self.window, end) <= MAX_LIMIT:
+            return [{"offset": 0, "limit": max(self.window, end), "rerank": False}]
+        return [
+            {"offset": 0, "limit": self.window, "rerank": False},
+            {"offset": self.window, "limit": end - self.window, "rerank": False},
+        ]
+
+    def passages(self, found: list[SearchHit[Any]]) -> list[str]:
+        """The texts to score: every chunk of each hit in the window."""
+        if self.offset >= self.window:
+            return []
+        return [scored.chunk.text for hit in found[: self.window] for scored in hit.chunks]
+
+    def apply(self, found: list[SearchHit[Any]], scores: list[float]) -> list[SearchHit[Any]]:
+        """The page: the window by rerank score (ties in first-stage order), then the rest."""
+        if self.offset >= self.window:
+            return found
+        head: list[tuple[float, int, SearchHit[Any]]] = []
+        at = 0
+        for position, hit in enumerate(found[: self.window]):
+            own = scores[at : at + len(hit.chunks)]
+            at += len(hit.chunks)
+            best = max(own)
+            # the chunk the reranker preferred comes first: it is hit.chunk and hit.highlight()
+            chunks = tuple(
+                c
+                for _, _, c in sorted(
+                    zip((-x for x in own), range(len(own)), hit.chunks, strict=True)
+                )
+            )
+            head.append((-best, position, replace(hit, chunks=chunks, rerank_score=best)))
+        head.sort(key=lambda item: item[:2])
+        ranked = [hit for _, _, hit in head] + found[self.window :]
+        return ranked[self.offset : self.offset + self.limit]
+
+    def run(
+        self, query: str, search: Callable[[dict[str, Any]], list[SearchHit[Any]]]
+    ) -> list[SearchHit[Any]]:
+        """Run the first stage with ``search`` (extra options in), rerank, cut the page."""
+        found = [hit for extra in self.pages() for hit in search(extra)]
+        return self.apply(found, rerank_scores(self.reranker, query, self.passages(found)))
+
+    async def arun(
+        self, query: str, search: Callable[[dict[str, Any]], Awaitable[list[SearchHit[Any]]]]
+    ) -> list[SearchHit[Any]]:
+        """:meth:`run` with an async first stage; the reranker runs in a worker thread."""
+        found: list[SearchHit[Any]] = []
+        for extra in self.pages():
+            found.extend(await search(extra))
+        passages = self.passages(found)
+        scores = await asyncio.to_thread(rerank_scores, self.reranker, query, passages)
+        return self.apply(found, scores)
+
+
+def _rerank_stage(session: Any, options: Mapping[str, Any]) -> _Rerank | None:
+    """The rerank stage ``options`` ask for (``rerank=``, else the index's), or ``None``."""
+    window = options.get("rerank_window", DEFAULT_RERANK_WINDOW)
+    _integer("rerank_window", window, 1, MAX_RERANK_WINDOW)
+    reranker = options.get("rerank")
+    if reranker is False:
+        return None
+    if reranker is None:
+        reranker = getattr(options.get("index") or index_for(session), "reranker", None)
+        if reranker is None:
+            return None
+    if isinstance(reranker, bool) or not isinstance(reranker, Reranker):
+        raise ConfigurationError(
+            "semantic_search rerank must be a Reranker (a name and score(query, passages)), "
+            f"False or None, got {reranker!r}"
+        )
+    defaults = _Options()
+    offset, limit = options.get("offset", defaults.offset), options.get("limit", defaults.limit)
+    _integer("offset", offset, 0, MAX_OFFSET)
+    _integer("limit", limit, 1, MAX_LIMIT)
+    return _Rerank(reranker, window, offset, limit)
+
+
 @overload
 def semantic_search(
     session: AnySession, model: type[T], query: str, **options: Unpack[SearchOptions]
@@ -822,13 +940,28 @@ def semantic_search(
         query: Natural-language query.
         **options: See :class:`SearchOptions` (``limit``, ``offset``, ``where``, ``mode``...).
 
+    With a reranker (``rerank=``, or the index's ``reranker=``), the first ``rerank_window``
+    hits of the search are reordered by the reranker's score of each hit's chunks (in row mode,
+    each of ``hit.chunks``; the row takes its best, and that chunk becomes ``hit.chunk``); ties
+    keep the first-stage order, and hits past the window follow in first-stage order. The
+    window does not move with ``offset``/``limit``, so pages concatenate to one search.
+    ``hit.rerank_score`` is the reranker's score (``None`` past the window); ``hit.score`` and
+    ``hit.scores`` stay the first-stage scores, and ``score_threshold`` filters the first
+    stage, before reranking. Over several models the merged list is reranked.
+
     Returns:
         Hits, best first.
 
     Raises:
         ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
             option is invalid (the message names it).
+        EmbeddingError: The reranker failed (the message names it).
     """
+    rerank = _rerank_stage(session, options)
+    if rerank is not None:
+        return rerank.run(
+            query, lambda extra: semantic_search(session, model, query, **{**options, **extra})
+        )
     if not isinstance(model, type):
         return _search_many(session, list(model), query, options)
     run = _Search(session, model, query, options)
@@ -919,8 +1052,13 @@ async def asemantic_search(
     The query embedding and the vector-store calls run in worker threads (the queries of
     concurrent searches are embedded together, in one call); rows are loaded through ``await
     session.scalars(...)``. Takes the same options, and several models like
-    :func:`semantic_search`.
+    :func:`semantic_search`; a reranker runs in a worker thread too.
     """
+    rerank = _rerank_stage(session, options)
+    if rerank is not None:
+        return await rerank.arun(
+            query, lambda extra: asemantic_search(session, model, query, **{**options, **extra})
+        )
     if not isinstance(model, type):
         return await _asearch_many(session, list(model), query, options)
     run = _Search(session, model, query, options)

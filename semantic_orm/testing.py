@@ -4,6 +4,8 @@
   normalized bag of hashed words. Texts sharing words get similar vectors, so plumbing tests can
   assert rankings without loading a model. It is not a language model: use a real one to test
   search quality.
+* :class:`OverlapReranker` is a deterministic reranker: a passage scores the share of the
+  query's distinct words it contains, so plumbing tests can predict a reranked order.
 * :class:`MemoryStore` is a complete vector store in a few dictionaries (exact cosine and BM25
   with Qdrant's IDF, the same filters and paging), for plumbing tests that need no Qdrant.
 * :class:`FlakyStore` wraps any store and fails on demand (``down = True``), at random
@@ -49,7 +51,7 @@ from .stores.base import (
     rows_filter,
 )
 
-__all__ = ["FlakyStore", "HashEmbedder", "MemoryStore"]
+__all__ = ["FlakyStore", "HashEmbedder", "MemoryStore", "OverlapReranker"]
 
 _WORD = re.compile(r"\w+")
 
@@ -114,6 +116,36 @@ class HashEmbedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Words per text."""
         return [len(_WORD.findall(t)) for t in texts]
+
+
+class OverlapReranker:
+    """Deterministic reranker (no model): the share of the query's distinct words a passage has.
+
+    Words are lower-cased ``\\w+`` runs. ``calls`` counts :meth:`score` calls and ``scored``
+    holds every passage scored, in order, so tests can check what the search asked for.
+
+    Args:
+        name: The reranker's name.
+    """
+
+    def __init__(self, *, name: str = "overlap-reranker") -> None:
+        self._name = name
+        self.calls = 0
+        self.scored: list[str] = []
+
+    @property
+    def name(self) -> str:
+        """The reranker's name."""
+        return self._name
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        """For each passage, the fraction of the query's distinct words found in it."""
+        self.calls += 1
+        self.scored.extend(passages)
+        terms = set(_WORD.findall(query.lower()))
+        if not terms:
+            return [0.0] * len(passages)
+        return [len(terms & set(_WORD.findall(p.lower()))) / len(terms) for p in passages]
 
 
 # -- an in-memory store -------------------------------------------------------------------------

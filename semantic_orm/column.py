@@ -23,7 +23,7 @@ from sqlalchemy import Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-from .chunking import Chunker, get_chunker
+from .chunking import Chunker, TaggingChunker, get_chunker
 from .exc import ConfigurationError, SemanticTypeError, SemanticValueError
 
 __all__ = ["SemanticText", "check_semantic_value"]
@@ -44,6 +44,7 @@ _DEFAULTS: dict[str, Any] = {
     "collection": None,
     "filter_by": (),
     "tenant": None,
+    "tags": False,
 }
 """Every constructor setting and its default: drives ``repr()``, ``copy()`` and the cache key."""
 
@@ -65,6 +66,12 @@ class SemanticText(TypeDecorator[str]):
         tenant: The one of ``filter_by`` that partitions the rows by tenant (indexed as a
             tenant, so that one tenant's search reads that tenant's points); added to
             ``filter_by`` if missing there.
+        tags: Tag each chunk with its structure (``metadata["type"]``: ``"title"``, ``"verse"``,
+            ``"boilerplate"`` or ``"text"``, plus its section and paragraph; see
+            :mod:`semantic_orm.chunking.structure`), so that searches can require or exclude
+            chunk types (``chunk_types=``, ``exclude_chunk_types=``) and keep one passage per
+            section or paragraph (``dedupe=``). A chunking setting: turning it on or off changes
+            the collection's recorded chunker config (drift, fixed by a rebuild).
 
     Raises:
         ConfigurationError: When a setting is invalid (unknown strategy, ``overlap >= chunk_size``,
@@ -84,6 +91,7 @@ class SemanticText(TypeDecorator[str]):
         collection: str | None = None,
         filter_by: str | tuple[str, ...] | list[str] = (),
         tenant: str | None = None,
+        tags: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(chunker, str):
@@ -107,6 +115,9 @@ class SemanticText(TypeDecorator[str]):
             names = (*names, tenant)  # the tenant key always travels with the vectors
         self.filter_by: tuple[str, ...] = tuple(names)
         self.tenant = tenant
+        if not isinstance(tags, bool):
+            raise ConfigurationError(f"SemanticText(tags=...) takes a bool, got {tags!r}")
+        self.tags = tags
         self.make_chunker()  # validate now, when the model is declared
 
     def make_chunker(self) -> Chunker:
@@ -116,9 +127,10 @@ class SemanticText(TypeDecorator[str]):
             ConfigurationError: When the strategy is unknown or its settings are invalid.
         """
         try:
-            return get_chunker(self.chunker, chunk_size=self.chunk_size, overlap=self.overlap)
+            chunker = get_chunker(self.chunker, chunk_size=self.chunk_size, overlap=self.overlap)
         except ValueError as exc:
             raise ConfigurationError(f"SemanticText: {exc}") from exc
+        return TaggingChunker(chunker) if self.tags else chunker
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         """Refuse values that cannot be indexed before they reach the database."""

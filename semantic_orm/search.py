@@ -73,13 +73,22 @@ from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
 from .binding import ColumnBinding
-from .chunking import Chunk
+from .chunking import CHUNK_TYPES, TYPE_KEY, Chunk
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
 from .ranking import Candidate, ReciprocalRankFusion, complete, fuse_tier, order, pk_order
-from .stores.base import DENSE_VECTOR, SPARSE_VECTOR, Filter, Ranking, SearchRequest, StoreHit
+from .stores.base import (
+    DENSE_VECTOR,
+    SPARSE_VECTOR,
+    Filter,
+    MatchAny,
+    PointPayload,
+    Ranking,
+    SearchRequest,
+    StoreHit,
+)
 
 __all__ = [
     "DEFAULT_MODE",
@@ -134,6 +143,15 @@ class SearchOptions(TypedDict, total=False):
         index: The index to use, instead of the one installed on the session.
         query_vector: The column's embedding of the query, when it is already computed (e.g.
             many queries encoded in one batch); ``query`` still feeds keyword search.
+        chunk_types: Only chunks of these types (``"title"``, ``"verse"``, ``"boilerplate"``,
+            ``"text"``), for a column declared with ``SemanticText(tags=True)``; applied inside
+            the vector store.
+        exclude_chunk_types: No chunks of these types, e.g. ``("boilerplate", "title")``
+            (same requirement).
+        dedupe: ``"section"`` or ``"paragraph"``: at most one passage per section (or
+            paragraph) of a row, the best ranked; in row mode it also applies to
+            ``hit.chunks``. Reads the chunks' ``section_index``/``paragraph`` metadata, so the
+            column's chunker must be ``"hybrid"`` or tagged (``tags=True``).
     """
 
     limit: int
@@ -147,6 +165,9 @@ class SearchOptions(TypedDict, total=False):
     candidates: int
     index: SemanticIndex | None
     query_vector: Sequence[float] | npt.NDArray[np.float32] | None
+    chunk_types: str | Sequence[str] | None
+    exclude_chunk_types: str | Sequence[str] | None
+    dedupe: Literal["section", "paragraph"] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +183,9 @@ class _Options:
     candidates: int = DEFAULT_CANDIDATES
     index: SemanticIndex | None = None
     query_vector: Any = None
+    chunk_types: Any = None
+    exclude_chunk_types: Any = None
+    dedupe: Literal["section", "paragraph"] | None = None
 
     @classmethod
     def read(cls, options: Mapping[str, Any]) -> _Options:
@@ -195,6 +219,81 @@ class _Options:
             raise ConfigurationError(
                 f"semantic_search score_threshold must be a finite number or None, got {t!r}"
             )
+        _chunk_types("chunk_types", self.chunk_types)
+        _chunk_types("exclude_chunk_types", self.exclude_chunk_types)
+        if self.dedupe not in (None, "section", "paragraph"):
+            raise ConfigurationError(
+                f"semantic_search dedupe must be 'section', 'paragraph' or None, got {self.dedupe!r}"
+            )
+
+
+def _chunk_types(name: str, value: Any) -> tuple[str, ...]:
+    """``chunk_types=`` / ``exclude_chunk_types=`` as a tuple of known type names."""
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (tuple, list, set, frozenset)) or not names:
+        raise ConfigurationError(
+            f"semantic_search {name} takes chunk type names, e.g. ('text', 'verse'), got {value!r}"
+        )
+    unknown = sorted(str(n) for n in names if n not in CHUNK_TYPES)
+    if unknown:
+        raise ConfigurationError(
+            f"semantic_search {name} has unknown chunk type(s) {', '.join(unknown)}; known: "
+            f"{', '.join(CHUNK_TYPES)}"
+        )
+    return tuple(sorted(names))
+
+
+def _check_structure(opts: _Options, binding: ColumnBinding) -> None:
+    """Refuse structure options the column's chunks cannot answer."""
+    config = binding.chunker.config()
+    for name in ("chunk_types", "exclude_chunk_types"):
+        if getattr(opts, name) is not None and "tags" not in config:
+            raise ConfigurationError(
+                f"semantic_search {name}= needs chunk types, but {binding.label} is not tagged: "
+                "declare it with SemanticText(..., tags=True) and rebuild its index"
+            )
+    if opts.dedupe is not None and "tags" not in config and config.get("strategy") != "hybrid":
+        raise ConfigurationError(
+            f"semantic_search dedupe={opts.dedupe!r} needs section/paragraph metadata, which the "
+            f"{config.get('strategy')!r} chunker of {binding.label} does not write: use "
+            "SemanticText(chunker='hybrid') or SemanticText(..., tags=True)"
+        )
+
+
+def _typed(flt: Filter | None, opts: _Options) -> Filter | None:
+    """The store filter, plus the ``chunk_types=`` / ``exclude_chunk_types=`` clauses."""
+    key = PointPayload.meta_key(TYPE_KEY)
+    must = (MatchAny(key, _chunk_types("", opts.chunk_types)),) if opts.chunk_types else ()
+    must_not = (
+        (MatchAny(key, _chunk_types("", opts.exclude_chunk_types)),)
+        if opts.exclude_chunk_types
+        else ()
+    )
+    if not must and not must_not:
+        return flt
+    return Filter(must=(*((flt,) if flt is not None else ()), *must), must_not=must_not)
+
+
+def _same_unit(chunk: Chunk, chosen: Sequence[Chunk], dedupe: str | None) -> bool:
+    """Whether ``dedupe=`` makes ``chunk`` a duplicate of one of ``chosen`` (same row)."""
+    if dedupe is None:
+        return False
+    key = _unit(chunk, dedupe)
+    return key is not None and any(_unit(other, dedupe) == key for other in chosen)
+
+
+def _unit(chunk: Chunk, dedupe: str) -> tuple[Any, ...] | None:
+    """The section (or section and paragraph) a chunk starts in; ``None`` if not recorded."""
+    meta = chunk.metadata
+    if "section_index" not in meta or (dedupe == "paragraph" and "paragraph" not in meta):
+        return None
+    return (
+        (meta["section_index"], meta.get("paragraph"))
+        if dedupe == "paragraph"
+        else (meta["section_index"],)
+    )
 
 
 def _integer(name: str, value: Any, low: int, high: int) -> None:
@@ -503,7 +602,7 @@ def _steps(
         lo, hi = tier * depth, (tier + 1) * depth
         if fusion is not None and threshold is not None and fusion.bound(lo) < threshold:
             break  # no point this deep can reach the threshold
-        yield from _fetch(lists, binding.collection, hi, flt)
+        yield from _fetch(lists, binding.collection, hi, _typed(flt, opts))
         if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
             break
         ranked = fuse_tier({n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier)
@@ -528,9 +627,15 @@ def _steps(
                 if pk not in row_tier:
                     row_tier[pk] = tier
                     row_chunks[pk] = []
-                if row_tier[pk] == tier and len(row_chunks[pk]) < opts.chunks_per_row:
+                if (
+                    row_tier[pk] == tier
+                    and len(row_chunks[pk]) < opts.chunks_per_row
+                    and not _same_unit(scored.chunk, [c.chunk for c in row_chunks[pk]], opts.dedupe)
+                ):
                     row_chunks[pk].append(scored)
-            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])):
+            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])) and not _same_unit(
+                scored.chunk, chosen[pk], opts.dedupe
+            ):
                 chosen[pk].append(scored.chunk)
                 hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
         tier += 1
@@ -595,6 +700,7 @@ class _Search:
             )
         self.index = idx
         self.binding = idx.binding_for(col)
+        _check_structure(opts, self.binding)
         self.model = model
         self.query = query
         self.started = time.perf_counter()

@@ -223,7 +223,8 @@ class _Options:
         _chunk_types("exclude_chunk_types", self.exclude_chunk_types)
         if self.dedupe not in (None, "section", "paragraph"):
             raise ConfigurationError(
-                f"semantic_search dedupe must be 'section', 'paragraph' or None, got {self.dedupe!r}"
+                "semantic_search dedupe must be 'section', 'paragraph' or None, "
+                f"got {self.dedupe!r}"
             )
 
 

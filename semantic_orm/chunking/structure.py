@@ -103,7 +103,7 @@ _ENDING_LINE = regex.compile(
     r"(?i)^\W*(?:to be continued|the end|end of (?:the )?(?:chapter|part|book|volume)\b.*)\W*$"
 )
 _TITLE_LINE = regex.compile(
-    r"^[^\S\r\n]*(?:"
+    r"[^\S\r\n]*(?:"
     r"\d{1,3}(?:\.\d{1,3})*\.?[^\S\r\n]+\S"
     r"|[IVXLC]{1,7}\.[^\S\r\n]+\S"
     r"|[一二三四五六七八九十百]{1,4}[、．]"
@@ -125,6 +125,8 @@ _VERSE_MAX = 400  # characters of one verse paragraph, commentary removed
 _CLAUSE_MIN, _CLAUSE_MAX = 3, 11
 _PREFIX_MAX = 10  # a shorter lead-in before an inline formula joins the verse (e.g. "【庚辰：")
 _LOOK_BACK = 200  # how far back a closing formula's sentence start is searched
+_LEAD_MAX = 6  # characters before a formula that belong to it ("后人有诗" + "赞曰：")
+_CLAUSE_ENDS = frozenset("，,。！？!?；;：:、」”】）) \t\r\n\u3000")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +236,10 @@ class TaggingChunker:
         TypeError: If ``inner`` is not a :class:`~semantic_orm.chunking.Chunker`.
 
     Example:
-        >>> from semantic_orm.chunking import get_chunker
-        >>> tagged = TaggingChunker(get_chunker("hybrid", chunk_size=60, overlap=0))
+        >>> tagged = TaggingChunker(HybridChunker(60, 0, merge_short=False))
         >>> text = "第一回　桃园结义\\n\\n话说天下大势，分久必合，合久必分。\\n\\n且听下回分解。"
         >>> [c.metadata["type"] for c in tagged.chunk(text)]
-        ['text', 'boilerplate']
+        ['title', 'text', 'boilerplate']
     """
 
     __slots__ = ("_inner",)
@@ -323,9 +324,10 @@ def _prose(text: str, s: int, e: int, verse: _Verse) -> list[tuple[int, int, str
         if shape is None:
             continue
         verse.lengths = shape
-        if _visible(text, a, m.start()) <= _PREFIX_MAX:
+        cut = _clause_start(text, a, m.start())  # "后人有诗赞曰：" starts at "后人"
+        if _visible(text, a, cut) <= _PREFIX_MAX:
             return [(a, b, "verse")]
-        return [(a, m.start(), "text"), (m.start(), b, "verse")]
+        return [(a, cut, "text"), (cut, b, "verse")]
     return [(a, b, "text")]
 
 
@@ -343,6 +345,14 @@ def _sentence(text: str, lo: int, start: int, end: int, hi: int) -> tuple[int, i
     while be < hi and text[be] in _CLOSERS:
         be += 1
     return bs, be
+
+
+def _clause_start(text: str, lo: int, pos: int) -> int:
+    """Where the clause holding ``text[pos]`` starts, looking back at most a few characters."""
+    start = pos
+    while start > lo and pos - start < _LEAD_MAX and text[start - 1] not in _CLAUSE_ENDS:
+        start -= 1
+    return start if start == lo or text[start - 1] in _CLAUSE_ENDS else pos
 
 
 def _verse_shape(text: str, s: int, e: int) -> frozenset[int] | None:

@@ -32,6 +32,11 @@ SQL, that ``where=`` rejects, or whose text changed since their points were writ
 pending) are skipped, and the search goes on down the ranking until ``limit`` hits are found or
 the collection is exhausted.
 
+``dedupe="paragraph"`` (or ``"section"``) keeps at most one passage per paragraph (or section) of
+a row, in both groupings. On a column declared with ``SemanticText(tags=True)``,
+``chunk_types=`` / ``exclude_chunk_types=`` keep or drop chunks by structure type (title, verse,
+boilerplate, text; :mod:`semantic_orm.chunking.structure`), inside the store.
+
 Three ranking modes (``mode=``):
 
 * ``"dense"``: cosine similarity of embeddings; ``hit.score`` is the cosine. Finds paraphrases.

@@ -26,14 +26,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .chunking import Chunker
+from .chunking import TYPE_KEY, Chunker
 from .embedding import Embedder
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
 from .keywords import KeywordAnalyzer, analyzer_for
 from .mapping import SemanticColumn
 from .normalizing import DEFAULT_NORMALIZE, Normalizer
-from .stores.base import CollectionSpec, Store
+from .stores.base import CollectionSpec, PayloadIndex, PointPayload, Store
 from .version import __version__
 
 __all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
@@ -113,8 +113,14 @@ class ColumnBinding:
                 "keywords": self.analyzer.id,
                 "fusion": dict(self.fusion),
             },
-            indexes=tuple(f.index() for f in self.fields),
+            indexes=(*(f.index() for f in self.fields), *self._tag_indexes()),
         )
+
+    def _tag_indexes(self) -> tuple[PayloadIndex, ...]:
+        """The chunk-type index of a tagged column (``SemanticText(tags=True)``)."""
+        if "tags" not in self.chunker.config():
+            return ()
+        return (PayloadIndex(PointPayload.meta_key(TYPE_KEY), "keyword"),)
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy import Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-from .chunking import Chunker, get_chunker
+from .chunking import Chunker, TaggingChunker, get_chunker
 from .exc import ConfigurationError, SemanticTypeError, SemanticValueError
 from .normalizing import DEFAULT_NORMALIZE, check_language, check_steps
 
@@ -47,6 +47,7 @@ _DEFAULTS: dict[str, Any] = {
     "tenant": None,
     "normalize": DEFAULT_NORMALIZE,
     "language": None,
+    "tags": False,
 }
 """Every constructor setting and its default: drives ``repr()``, ``copy()`` and the cache key."""
 
@@ -76,6 +77,12 @@ class SemanticText(TypeDecorator[str]):
             Qdrant's Snowball stemmers (``"german"`` or ``"de"``; see
             :data:`semantic_orm.keywords.LANGUAGES`). ``None`` (the default) uses the
             language-independent analyser (:mod:`semantic_orm.keywords`).
+        tags: Tag each chunk with its structure (``metadata["type"]``: ``"title"``, ``"verse"``,
+            ``"boilerplate"`` or ``"text"``, plus its section and paragraph; see
+            :mod:`semantic_orm.chunking.structure`), so that searches can require or exclude
+            chunk types (``chunk_types=``, ``exclude_chunk_types=``) and keep one passage per
+            section or paragraph (``dedupe=``). A chunking setting: turning it on or off changes
+            the collection's recorded chunker config (drift, fixed by a rebuild).
 
     Raises:
         ConfigurationError: When a setting is invalid (unknown strategy, ``overlap >= chunk_size``,
@@ -97,6 +104,7 @@ class SemanticText(TypeDecorator[str]):
         tenant: str | None = None,
         normalize: str | tuple[str, ...] | list[str] | None = DEFAULT_NORMALIZE,
         language: str | None = None,
+        tags: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(chunker, str):
@@ -122,6 +130,9 @@ class SemanticText(TypeDecorator[str]):
         self.tenant = tenant
         self.normalize: tuple[str, ...] = check_steps(normalize)
         self.language = check_language(language)
+        if not isinstance(tags, bool):
+            raise ConfigurationError(f"SemanticText(tags=...) takes a bool, got {tags!r}")
+        self.tags = tags
         self.make_chunker()  # validate now, when the model is declared
 
     def make_chunker(self) -> Chunker:
@@ -131,9 +142,10 @@ class SemanticText(TypeDecorator[str]):
             ConfigurationError: When the strategy is unknown or its settings are invalid.
         """
         try:
-            return get_chunker(self.chunker, chunk_size=self.chunk_size, overlap=self.overlap)
+            chunker = get_chunker(self.chunker, chunk_size=self.chunk_size, overlap=self.overlap)
         except ValueError as exc:
             raise ConfigurationError(f"SemanticText: {exc}") from exc
+        return TaggingChunker(chunker) if self.tags else chunker
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         """Refuse values that cannot be indexed before they reach the database."""

@@ -32,6 +32,11 @@ SQL, that ``where=`` rejects, or whose text changed since their points were writ
 pending) are skipped, and the search goes on down the ranking until ``limit`` hits are found or
 the collection is exhausted.
 
+``dedupe="paragraph"`` (or ``"section"``) keeps at most one passage per paragraph (or section) of
+a row, in both groupings. On a column declared with ``SemanticText(tags=True)``,
+``chunk_types=`` / ``exclude_chunk_types=`` keep or drop chunks by structure type (title, verse,
+boilerplate, text; :mod:`semantic_orm.chunking.structure`), inside the store.
+
 Three ranking modes (``mode=``):
 
 * ``"dense"``: cosine similarity of embeddings; ``hit.score`` is the cosine. Finds paraphrases.
@@ -87,7 +92,7 @@ from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
 from .binding import ColumnBinding
-from .chunking import Chunk
+from .chunking import CHUNK_TYPES, TYPE_KEY, Chunk
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
@@ -98,6 +103,8 @@ from .stores.base import (
     DENSE_VECTOR,
     SPARSE_VECTOR,
     Filter,
+    MatchAny,
+    PointPayload,
     Ranking,
     SearchRequest,
     SparseVector,
@@ -171,6 +178,15 @@ class SearchOptions(TypedDict, total=False):
             has one, ``False`` turns reranking off.
         rerank_window: First-stage hits the reranker reorders (1 to 1,000, default 50); hits
             past it follow in first-stage order.
+        chunk_types: Only chunks of these types (``"title"``, ``"verse"``, ``"boilerplate"``,
+            ``"text"``), for a column declared with ``SemanticText(tags=True)``; applied inside
+            the vector store.
+        exclude_chunk_types: No chunks of these types, e.g. ``("boilerplate", "title")``
+            (same requirement).
+        dedupe: ``"section"`` or ``"paragraph"``: at most one passage per section (or
+            paragraph) of a row, the best ranked; in row mode it also applies to
+            ``hit.chunks``. Reads the chunks' ``section_index``/``paragraph`` metadata, so the
+            column's chunker must be ``"hybrid"`` or tagged (``tags=True``).
     """
 
     limit: int
@@ -187,6 +203,9 @@ class SearchOptions(TypedDict, total=False):
     query_vector: Sequence[float] | npt.NDArray[np.float32] | None
     rerank: Reranker | Literal[False] | None
     rerank_window: int
+    chunk_types: str | Sequence[str] | None
+    exclude_chunk_types: str | Sequence[str] | None
+    dedupe: Literal["section", "paragraph"] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +222,9 @@ class _Options:
     fusion: Fusion | None = None
     index: SemanticIndex | None = None
     query_vector: Any = None
+    chunk_types: Any = None
+    exclude_chunk_types: Any = None
+    dedupe: Literal["section", "paragraph"] | None = None
 
     @classmethod
     def read(cls, options: Mapping[str, Any]) -> _Options:
@@ -245,6 +267,82 @@ class _Options:
                 "semantic_search fusion must be a Fusion (ScoreFusion(), ReciprocalRankFusion()),"
                 f" got {type(f).__name__}"
             )
+        _chunk_types("chunk_types", self.chunk_types)
+        _chunk_types("exclude_chunk_types", self.exclude_chunk_types)
+        if self.dedupe not in (None, "section", "paragraph"):
+            raise ConfigurationError(
+                "semantic_search dedupe must be 'section', 'paragraph' or None, "
+                f"got {self.dedupe!r}"
+            )
+
+
+def _chunk_types(name: str, value: Any) -> tuple[str, ...]:
+    """``chunk_types=`` / ``exclude_chunk_types=`` as a tuple of known type names."""
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (tuple, list, set, frozenset)) or not names:
+        raise ConfigurationError(
+            f"semantic_search {name} takes chunk type names, e.g. ('text', 'verse'), got {value!r}"
+        )
+    unknown = sorted(str(n) for n in names if n not in CHUNK_TYPES)
+    if unknown:
+        raise ConfigurationError(
+            f"semantic_search {name} has unknown chunk type(s) {', '.join(unknown)}; known: "
+            f"{', '.join(CHUNK_TYPES)}"
+        )
+    return tuple(sorted(names))
+
+
+def _check_structure(opts: _Options, binding: ColumnBinding) -> None:
+    """Refuse structure options the column's chunks cannot answer."""
+    config = binding.chunker.config()
+    for name in ("chunk_types", "exclude_chunk_types"):
+        if getattr(opts, name) is not None and "tags" not in config:
+            raise ConfigurationError(
+                f"semantic_search {name}= needs chunk types, but {binding.label} is not tagged: "
+                "declare it with SemanticText(..., tags=True) and rebuild its index"
+            )
+    if opts.dedupe is not None and "tags" not in config and config.get("strategy") != "hybrid":
+        raise ConfigurationError(
+            f"semantic_search dedupe={opts.dedupe!r} needs section/paragraph metadata, which the "
+            f"{config.get('strategy')!r} chunker of {binding.label} does not write: use "
+            "SemanticText(chunker='hybrid') or SemanticText(..., tags=True)"
+        )
+
+
+def _typed(flt: Filter | None, opts: _Options) -> Filter | None:
+    """The store filter, plus the ``chunk_types=`` / ``exclude_chunk_types=`` clauses."""
+    key = PointPayload.meta_key(TYPE_KEY)
+    must = (MatchAny(key, _chunk_types("", opts.chunk_types)),) if opts.chunk_types else ()
+    must_not = (
+        (MatchAny(key, _chunk_types("", opts.exclude_chunk_types)),)
+        if opts.exclude_chunk_types
+        else ()
+    )
+    if not must and not must_not:
+        return flt
+    return Filter(must=(*((flt,) if flt is not None else ()), *must), must_not=must_not)
+
+
+def _same_unit(chunk: Chunk, chosen: Sequence[Chunk], dedupe: str | None) -> bool:
+    """Whether ``dedupe=`` makes ``chunk`` a duplicate of one of ``chosen`` (same row)."""
+    if dedupe is None:
+        return False
+    key = _unit(chunk, dedupe)
+    return key is not None and any(_unit(other, dedupe) == key for other in chosen)
+
+
+def _unit(chunk: Chunk, dedupe: str) -> tuple[Any, ...] | None:
+    """The section (or section and paragraph) a chunk starts in; ``None`` if not recorded."""
+    meta = chunk.metadata
+    if "section_index" not in meta or (dedupe == "paragraph" and "paragraph" not in meta):
+        return None
+    return (
+        (meta["section_index"], meta.get("paragraph"))
+        if dedupe == "paragraph"
+        else (meta["section_index"],)
+    )
 
 
 def _integer(name: str, value: Any, low: int, high: int) -> None:
@@ -614,7 +712,7 @@ def _steps(
             tops = {n: lst.hits[lo - 1].score for n, lst in lists.items() if len(lst.hits) >= lo}
             if fusion.bound(lo, tops) < threshold:
                 break  # no point this deep can reach the threshold
-        yield from _fetch(lists, binding.collection, hi, flt)
+        yield from _fetch(lists, binding.collection, hi, _typed(flt, opts))
         if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
             break
         ranked = fuse_tier(
@@ -642,9 +740,15 @@ def _steps(
                 if pk not in row_tier:
                     row_tier[pk] = tier
                     row_chunks[pk] = []
-                if row_tier[pk] == tier and len(row_chunks[pk]) < opts.chunks_per_row:
+                if (
+                    row_tier[pk] == tier
+                    and len(row_chunks[pk]) < opts.chunks_per_row
+                    and not _same_unit(scored.chunk, [c.chunk for c in row_chunks[pk]], opts.dedupe)
+                ):
                     row_chunks[pk].append(scored)
-            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])):
+            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])) and not _same_unit(
+                scored.chunk, chosen[pk], opts.dedupe
+            ):
                 chosen[pk].append(scored.chunk)
                 hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
         tier += 1
@@ -709,6 +813,7 @@ class _Search:
             )
         self.index = idx
         self.binding = idx.binding_for(col)
+        _check_structure(opts, self.binding)
         self.model = model
         self.query = query
         self.started = time.perf_counter()

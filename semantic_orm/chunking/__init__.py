@@ -48,6 +48,13 @@ the document length.
     ``section``/``section_index``/``paragraph``/``segment`` metadata. Optional boilerplate
     cleaning moves chunk starts. See :mod:`.hybrid`.
 
+Structure tags
+--------------
+:class:`TaggingChunker` wraps any chunker and adds a ``type`` to each chunk's metadata
+(``"title"``, ``"verse"``, ``"boilerplate"`` or ``"text"``) plus the section and paragraph it
+starts in, which search can filter and de-duplicate on; ``SemanticText(tags=True)`` turns it on
+for a column. See :mod:`.structure`.
+
 Custom strategies plug in with :func:`register_chunker`; invalid settings (``chunk_size <= 0``,
 ``overlap < 0``, ``overlap >= chunk_size``, an unknown name) raise ``ValueError`` naming the
 setting.
@@ -63,7 +70,8 @@ second split); see :mod:`.fit` for the measurements.
 Package layout
 --------------
 ``_core`` (types, protocols, grapheme helpers, separator levels), ``recursive``,
-``sentence``, ``hybrid``, ``fit`` and ``registry``; everything public is re-exported here.
+``sentence``, ``hybrid``, ``structure``, ``fit`` and ``registry``; everything public is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -74,11 +82,15 @@ from .hybrid import DEFAULT_HEADING_PATTERN, HeadingRule, HybridChunker
 from .recursive import RecursiveChunker
 from .registry import available_chunkers, get_chunker, register_chunker
 from .sentence import ABBREVIATIONS, FINAL_ABBREVIATIONS, SentenceChunker, sentence_spans
+from .structure import CHUNK_TYPES, TYPE_KEY, Block, TaggingChunker, structure, tag_chunks
 
 __all__ = [
     "ABBREVIATIONS",
+    "CHUNK_TYPES",
     "DEFAULT_HEADING_PATTERN",
     "FINAL_ABBREVIATIONS",
+    "TYPE_KEY",
+    "Block",
     "Chunk",
     "Chunker",
     "ChunkerFactory",
@@ -86,12 +98,15 @@ __all__ = [
     "HybridChunker",
     "RecursiveChunker",
     "SentenceChunker",
+    "TaggingChunker",
     "TokenSpans",
     "available_chunkers",
     "fit_to_window",
     "get_chunker",
     "register_chunker",
     "sentence_spans",
+    "structure",
+    "tag_chunks",
     "tokenizer_spans",
 ]
 

@@ -182,6 +182,11 @@ class PointPayload:
         """The payload path of filter column ``name`` (``"f.tenant_id"``)."""
         return f"{cls.FIELDS_KEY}.{name}"
 
+    @classmethod
+    def meta_key(cls, name: str) -> str:
+        """The payload path of chunk metadata key ``name`` (``"meta.type"``)."""
+        return f"{cls.META_KEY}.{name}"
+
 
 @dataclass(frozen=True, slots=True)
 class PayloadIndex:

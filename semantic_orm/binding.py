@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chunking import Chunker
-from .embedding import Embedder
+from .embedding import Embedder, embedder_settings
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
 from .mapping import SemanticColumn
@@ -39,9 +39,18 @@ __all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
 log = logging.getLogger("semantic_orm")
 
 
-def fingerprint(model: str, dimension: int, chunker: Mapping[str, Any]) -> str:
-    """Short digest of what makes vectors comparable: model, dimension, chunking settings."""
-    blob = json.dumps([model, dimension, dict(chunker)], sort_keys=True)
+def fingerprint(
+    model: str,
+    dimension: int,
+    chunker: Mapping[str, Any],
+    embedder: Mapping[str, Any] | None = None,
+) -> str:
+    """Short digest of what makes vectors comparable: model, dimension, chunking settings and
+    the embedder's own settings (left out when it has none, so older digests stay valid)."""
+    parts: list[Any] = [model, dimension, dict(chunker)]
+    if embedder:
+        parts.append(dict(embedder))
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.blake2b(blob.encode("utf-8"), digest_size=6).hexdigest()
 
 
@@ -81,6 +90,7 @@ class ColumnBinding:
             model=self.embedder.name,
             metadata={
                 "chunker": self.chunker.config(),
+                "embedder": embedder_settings(self.embedder),
                 "table": column.table,
                 "column": column.name,
                 "semantic_orm": __version__,
@@ -91,9 +101,11 @@ class ColumnBinding:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """Digest of the model and chunking that produce this column's vectors."""
+        """Digest of the model, embedder settings and chunking that produce this column's
+        vectors."""
         spec = self.spec
-        return fingerprint(spec.model, spec.dimension, spec.metadata["chunker"])
+        meta = spec.metadata
+        return fingerprint(spec.model, spec.dimension, meta["chunker"], meta.get("embedder"))
 
     def retarget(self, name: str) -> ColumnBinding:
         """The same binding, writing into collection ``name`` (a rebuild)."""
@@ -103,9 +115,10 @@ class ColumnBinding:
 def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
     """What differs between a collection's recorded metadata and what ``spec`` would record.
 
-    Compares the model, the dimension and each chunker setting; the library version and the
-    filter fields (:func:`filter_drift`: payload only, no vector changes) are not differences.
-    Settings a collection did not record (older servers) are not compared.
+    Compares the model, the dimension, each chunker setting and each embedder setting
+    (``embedder.<key>``: prompts, backend...); the library version and the filter fields
+    (:func:`filter_drift`: payload only, no vector changes) are not differences. Settings a
+    collection did not record (older servers or versions) are not compared.
 
     Returns:
         ``{setting: (recorded, declared)}``, empty when nothing changed.
@@ -116,12 +129,13 @@ def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str,
     for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
         if key in recorded and recorded[key] != declared:
             changes[key] = (recorded[key], declared)
-    old = recorded.get("chunker")
-    new = spec.metadata.get("chunker")
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                changes[f"chunker.{key}"] = (old.get(key), new.get(key))
+    for group in ("chunker", "embedder"):
+        old = recorded.get(group)
+        new = spec.metadata.get(group)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    changes[f"{group}.{key}"] = (old.get(key), new.get(key))
     return changes
 
 

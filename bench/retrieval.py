@@ -18,7 +18,7 @@ Datasets (``../shared/datasets`` relative to the repository by default, ``--data
 
 * ``scifact``: BEIR SciFact test split, 5,183 abstracts (``title`` + blank line + ``text``), 300
   queries; nDCG@10 and Recall@10 over the row ranking with BEIR's definitions (graded qrels),
-  and MRR@5 (first relevant abstract) for the mode comparison.
+  and for the mode comparison MRR@5 (first relevant abstract) and Recall@5.
 
 Every set is searched in each mode: the library's default (``hybrid``, whatever fusion it uses),
 ``dense`` and ``keyword``. The baseline of each set is its *best single mode* (the better of
@@ -39,8 +39,11 @@ do the same on SciFact (a document scores as its best chunk). The README's full 
 the library's query path (``encode_query`` where the library and embedder support it).
 
 Ingest time is wall time to get the corpus searchable (ORM: ``add_all`` + ``commit`` in batches,
-which chunks, embeds and upserts; peer: split + encode). The default run takes about 30-40 minutes
-on 2 shared CPU cores with MiniLM (SciFact ingest alone is about 10). Quick runs: ``--sets``,
+which chunks, embeds and upserts; peer: split + encode). The default run with MiniLM is about
+15 minutes of ingest at the speed of the README's table (SciFact's 16,759 chunks 585 s, XQuAD's
+seven sets about 3,400 chunks, DRCD's subset about 900) plus 0.06-0.2 s per question and mode:
+about 30 minutes on 2 otherwise idle cores, two to three times that when other work shares them
+(an XQuAD ru set, 895 chunks and 600 questions, took 290 s at load 4-6). Quick runs: ``--sets``,
 ``--questions N`` (every set, fixed seed), ``--articles N``, ``--docs N`` (SciFact: every judged
 abstract plus the first N others).
 
@@ -323,9 +326,9 @@ def ndcg_at_10(ranked: Sequence[str], rel: dict[str, int]) -> float:
     return dcg / idcg if idcg else 0.0
 
 
-def recall_at_10(ranked: Sequence[str], rel: dict[str, int]) -> float:
+def recall_at(ranked: Sequence[str], rel: dict[str, int], k: int = 10) -> float:
     relevant = {d for d, r in rel.items() if r > 0}
-    return len(relevant & set(ranked[:10])) / len(relevant) if relevant else 0.0
+    return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
 
 
 def rr_at_k(ranked: Sequence[str], rel: dict[str, int], k: int = K) -> float:
@@ -557,18 +560,21 @@ def run_scifact(
         with ours.factory() as s:
             for mode in MODES if alt is None else (DEFAULT_MODE,):
                 started = time.perf_counter()
-                nd, rc, rr = [], [], []
+                nd, rc, rc5, rr = [], [], [], []
                 for qid, text in queries.items():
                     hits = ours.model.semantic_search(
                         s, text, limit=10, mode=mode, query_vector=vectors[qid]
                     )
                     ranked = [back[h.obj.id] for h in hits]
                     nd.append(ndcg_at_10(ranked, qrels[qid]))
-                    rc.append(recall_at_10(ranked, qrels[qid]))
+                    rc.append(recall_at(ranked, qrels[qid]))
+                    rc5.append(recall_at(ranked, qrels[qid], K))
                     rr.append(rr_at_k(ranked, qrels[qid]))
                 took = time.perf_counter() - started
                 ndcg, recall = sum(nd) / len(nd), sum(rc) / len(rc)
-                modes[mode] = ModeResult(rr, recall, {"ndcg_at_10": ndcg}, took)
+                modes[mode] = ModeResult(
+                    rr, sum(rc5) / len(rc5), {"ndcg_at_10": ndcg, "recall_at_10": recall}, took
+                )
                 rows.append(
                     ("scifact", f"{label}{describe(settings)} {mode}", ndcg, recall, chunks,
                      mean, ingest, took)
@@ -592,7 +598,7 @@ def run_scifact(
                 if len(docs_ranked) == 10:
                     break
             nd.append(ndcg_at_10(docs_ranked, qrels[qid]))
-            rc.append(recall_at_10(docs_ranked, qrels[qid]))
+            rc.append(recall_at(docs_ranked, qrels[qid]))
         took = time.perf_counter() - started
         ndcg = sum(nd) / len(nd)
         rows.append(

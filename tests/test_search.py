@@ -17,9 +17,12 @@ from sqlalchemy.orm import Session as OrmSession
 
 from semantic_orm import (
     ConfigurationError,
+    ReciprocalRankFusion,
+    ScoreFusion,
     SemanticIndex,
     SemanticSearchMixin,
     SemanticText,
+    index_for,
     keywords,
     semantic_search,
 )
@@ -262,6 +265,19 @@ def test_keyword_mode_matches_words_only_and_hybrid_is_the_default(
         assert alone[0].score == pytest.approx(top["keyword_share"], rel=1e-5)
         half = Article.semantic_search(s, "spring ZK-9041", mode="keyword", score_threshold=0.5)
         assert [h.obj.title for h in half] == ["code"] and len(alone) == 2
+        # reciprocal rank fusion on request (first in both rankings: 2 / 60), per search or index
+        rrf = Article.semantic_search(s, "spring ZK-9041", fusion=ReciprocalRankFusion())
+        assert rrf[0].obj.title == "code" and rrf[0].score == pytest.approx(2 / 60, rel=1e-4)
+        index = index_for(s)
+        assert index is not None
+        index.fusion = ScoreFusion(dense_weight=0.0)  # keyword evidence only
+        try:
+            only = Article.semantic_search(s, "spring ZK-9041")
+            assert only[0].score == pytest.approx(top["keyword_share"], rel=1e-5)
+        finally:
+            index.fusion = ScoreFusion()
+        with pytest.raises(ConfigurationError, match="fusion must be a Fusion"):
+            Article.semantic_search(s, "spring", fusion="rrf")  # type: ignore[arg-type]
 
 
 def test_chunk_mode_skips_near_duplicate_windows_of_the_same_row(

@@ -14,13 +14,15 @@ Add new fixtures in their own section below; keep this file free of test-specifi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
@@ -157,6 +159,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStor
         made = QdrantClientStore(location=":memory:", batch_size=7)
     yield made
     made.close()
+
+
+@pytest_asyncio.fixture
+async def aengine(db_url: Any) -> AsyncIterator[AsyncEngine]:
+    """An async engine on each database (aiosqlite, asyncpg), tables created."""
+    driver = "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
+    engine = create_async_engine(db_url.set(drivername=driver))
+    async with engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    yield engine
+    await engine.dispose()
 
 
 @pytest.fixture

@@ -9,37 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     async_scoped_session,
     async_sessionmaker,
-    create_async_engine,
 )
 
 from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search
 from semantic_orm.testing import HashEmbedder
 
 from .helpers import COLL
-from .models import Article, Base, Note
+from .models import Article, Note
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest_asyncio.fixture
-async def aengine(db_url: Any) -> AsyncIterator[AsyncEngine]:
-    """An async engine on each database (aiosqlite, asyncpg), tables created."""
-    driver = "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    engine = create_async_engine(db_url.set(drivername=driver))
-    async with engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
-    yield engine
-    await engine.dispose()
 
 
 class Blocking(HashEmbedder):

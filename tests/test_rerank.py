@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
@@ -32,7 +31,7 @@ from semantic_orm import (
 )
 from semantic_orm.testing import HashEmbedder, OverlapReranker
 
-from .models import Article, Base, Note
+from .models import Article, Note
 
 QUERY = "amber river delta lagoon"
 DOCS = {
@@ -240,17 +239,6 @@ class ThreadRecorder(OverlapReranker):
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
         self.threads.add(threading.get_ident())
         return super().score(query, passages)
-
-
-@pytest_asyncio.fixture
-async def aengine(db_url: Any) -> AsyncIterator[AsyncEngine]:
-    """An async engine on each database (aiosqlite, asyncpg), tables created."""
-    driver = "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    engine = create_async_engine(db_url.set(drivername=driver))
-    async with engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
-    yield engine
-    await engine.dispose()
 
 
 @pytest.mark.asyncio

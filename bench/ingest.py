@@ -266,7 +266,7 @@ def main() -> int:
         engine = create_engine(f"sqlite:///{work / 'bench.sqlite3'}")
         Base.metadata.create_all(engine)
         embedder = SentenceTransformerEmbedder()
-        model = embedder.model
+        model = SentenceTransformerEmbedder(backend="torch", precision="fp32").model
 
         def fp32(texts: list[str]) -> Any:  # raw sentence-transformers, torch fp32
             return model.encode(
@@ -366,7 +366,7 @@ def main() -> int:
         def raw_search(session: Any, q: str) -> list[Any]:
             # what a careful hand-written pipeline does: over-fetch chunks, keep the first five
             # distinct rows, fetch more if one document's chunks crowd the top
-            vec = model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
+            vec = same([q])[0]  # the ORM's backend: the same ranking, checked below
             fetch = 20
             while True:
                 found = passage_shard.query(

@@ -3,8 +3,10 @@
 A search reads as a straight line:
 
 1. **resolve** the column's binding (:mod:`semantic_orm.binding`) and check its collection;
-2. **plan** the query: embed it with the column's embedder (unless ``query_vector=`` is given),
-   compute its keyword vector, and ask the store for the rankings of the mode
+2. **plan** the query: normalise it as the column's chunks were (:mod:`semantic_orm.normalizing`),
+   embed it the embedder's query way (``encode_query``, unless ``query_vector=`` is given),
+   compute its keyword vector with the column's analyser and the IDF of its terms (one batched
+   store request: the keyword scale), and ask the store for the rankings of the mode
    (:class:`~semantic_orm.stores.base.SearchRequest`);
 3. **rank**: turn the store's lists into one deterministic order, tier by tier
    (:mod:`semantic_orm.ranking`), fusing dense and keyword rankings in hybrid mode;

@@ -32,7 +32,7 @@ class Blocking(HashEmbedder):
     """Blocks its thread while it embeds (as a real model on a CPU does)."""
 
     def encode(self, texts: Any) -> Any:
-        time.sleep(0.3)
+        time.sleep(1.0)
         return super().encode(texts)
 
 
@@ -76,7 +76,9 @@ async def test_async_sessions_sync_off_the_loop_and_search(
             await idx.adrain(factory, timeout=30)  # the sync the commit started, awaited
 
         stall = await _longest_stall(commit)
-        assert stall < 0.25  # the embedder blocked its thread 0.3 s per call, never the loop
+        # the embedder blocks its thread 1 s per call, never the loop (a shared 2-core machine
+        # can delay the loop's next tick a few hundred ms: the bound is half a call)
+        assert stall < 0.5
         assert store.count(COLL) == 51
         async with factory() as s:
             hits = await Article.asemantic_search(s, "XR-7734", limit=1, mode="keyword")

@@ -230,17 +230,18 @@ class Applier:
                 if current.get((pk, chunk.index)) == payload:
                     report.reused += 1
                     continue  # unchanged: nothing to write
+                read = normalize(chunk.text)  # what the model and the analyser see
                 vector = reusable.get((pk, digest))
                 if vector is not None:
                     report.reused += 1
                 else:
-                    to_embed.append((len(slots), chunk.text))
+                    to_embed.append((len(slots), read))
                 pid = point_id(binding.collection, pk, chunk.index)
-                analysed = analyzer.document_vector(normalize(chunk.text))
+                analysed = analyzer.document_vector(read)
                 slots.append((pid, vector, payload, analysed))
 
         if to_embed:
-            texts = normalize.many([text for _, text in to_embed])
+            texts = [text for _, text in to_embed]
             self._check_window(binding, texts)
             self._check_coverage(binding, texts)
             started = time.perf_counter()

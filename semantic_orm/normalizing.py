@@ -139,12 +139,6 @@ class Normalizer:
             text = step(text)
         return text
 
-    def many(self, texts: Sequence[str]) -> list[str]:
-        """Each of ``texts`` normalised."""
-        if not self._chain:
-            return list(texts)
-        return [self(text) for text in texts]
-
 
 LANGUAGES: Final[dict[str, str]] = {
     name.lower(): name

@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -132,13 +133,19 @@ def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[Point
 
 
 def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progress: Any) -> None:
+    """Process due jobs until none is left, and wait for the ones another processor (a worker,
+    the background retrier) holds a lease on; jobs waiting for a retry are left to it."""
     with _bar(queued, label, progress, enabled=bool(queued)) as bar:
         while True:
             report = index.process(engine, limit=_PAGE // 2)
             if report.done:
                 bar.update(report.done)
-            if report.claimed == 0:
-                break
+            if report.claimed:
+                continue
+            with engine.connect() as conn:
+                if not outbox.leased(conn):
+                    break
+            time.sleep(0.05)
 
 
 def reindex(

@@ -465,6 +465,20 @@ def has_due(conn: Connection, *, now: dt.datetime | None = None) -> bool:
     return conn.execute(stmt).first() is not None
 
 
+def leased(conn: Connection, *, now: dt.datetime | None = None) -> bool:
+    """Whether some pending job is leased now: a processor is syncing it (a read)."""
+    stmt = (
+        select(outbox.c.id)
+        .where(
+            outbox.c.dead.is_(False),
+            outbox.c.claimed_by.is_not(None),
+            outbox.c.next_attempt_at > (now or utcnow()),
+        )
+        .limit(1)
+    )
+    return conn.execute(stmt).first() is not None
+
+
 def orphaned_tokens(conn: Connection, *, now: dt.datetime | None = None) -> list[str]:
     """Tokens of processors of this host that died holding live leases.
 

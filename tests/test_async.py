@@ -63,6 +63,8 @@ async def test_async_sessions_sync_off_the_loop_and_search(
     idx = SemanticIndex(store=store, embedder=Blocking())
     factory = async_sessionmaker(aengine, expire_on_commit=False)
     idx.install(factory)
+    # creating a collection holds the GIL (qdrant-edge-py): an app does it at start-up
+    await asyncio.to_thread(idx.verify)
     try:
 
         async def commit() -> None:

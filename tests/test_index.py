@@ -96,7 +96,8 @@ def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) 
         with factory() as s:
             assert s.get(Article, art.id) is not None
         (job,) = jobs(engine)
-        assert job["row_pk"] == str(art.id) and job["attempts"] == 1 and not job["dead"]
+        # the background retrier may already have tried again (retry_base is 0.01 s)
+        assert job["row_pk"] == str(art.id) and job["attempts"] >= 1 and not job["dead"]
         assert "unreachable" in job["last_error"]
         assert failures and failures[0]["sender"] is Article
         assert failures[0]["pks"] == [str(art.id)]

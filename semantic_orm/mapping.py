@@ -10,20 +10,34 @@ so memory stays bounded on any table size).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Connection, Table, and_, or_, select, tuple_
+from sqlalchemy import (
+    Column,
+    Connection,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    inspect,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.orm import Mapper
 from sqlalchemy.sql.elements import ColumnElement
 
 from .column import SemanticText
 
 __all__ = [
+    "KEYS_PARAM",
     "SemanticColumn",
     "all_mappers",
     "iter_keys",
@@ -32,6 +46,7 @@ __all__ = [
     "pk_in",
     "row_key",
     "rows_page",
+    "select_rows",
     "semantic_columns",
     "table_name",
 ]
@@ -119,19 +134,32 @@ def all_mappers() -> list[Mapper[Any]]:
 def row_key(identity: Sequence[Any]) -> str:
     """Stable text naming a row by its primary key values."""
     values = list(identity)
+    if len(values) == 1 and type(values[0]) is int:
+        return str(values[0])  # what json.dumps writes, without it: the common case
     return json.dumps(values[0] if len(values) == 1 else values, default=str, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pk_types(mapper: Mapper[Any]) -> tuple[type | None, ...]:
+    """The Python type of each primary key column (``None`` where the type cannot say)."""
+    out: list[type | None] = []
+    for col in mapper.primary_key:
+        try:
+            out.append(col.type.python_type)
+        except NotImplementedError:
+            out.append(None)
+    return tuple(out)
 
 
 def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
     """Primary key values for a :func:`row_key`, coerced to the columns' Python types."""
+    types = _pk_types(mapper)
+    if len(types) == 1 and types[0] is int and key.isascii() and key.isdigit():
+        return (int(key),)  # the common case, without a JSON parse
     raw = json.loads(key)
-    values = raw if len(mapper.primary_key) > 1 else [raw]
+    values = raw if len(types) > 1 else [raw]
     out = []
-    for col, value in zip(mapper.primary_key, values, strict=True):
-        try:
-            python_type = col.type.python_type
-        except NotImplementedError:
-            python_type = None
+    for python_type, value in zip(types, values, strict=True):
         if python_type is not None and value is not None and not isinstance(value, python_type):
             try:
                 value = python_type(value)
@@ -148,6 +176,36 @@ def pk_in(mapper: Mapper[Any], keys: Sequence[str]) -> ColumnElement[bool]:
     if len(pk) == 1:
         return pk[0].in_([v[0] for v in values])
     return tuple_(*pk).in_(values)
+
+
+KEYS_PARAM = "semantic_orm_keys"
+"""The bound parameter of :func:`select_rows` statements."""
+
+
+_by_key: weakref.WeakKeyDictionary[type[Any], Select[Any]] = weakref.WeakKeyDictionary()
+
+
+def _select_by_key(model: type[Any]) -> Select[Any]:
+    """``SELECT model WHERE pk IN (:keys)``, built once per model."""
+    stmt = _by_key.get(model)
+    if stmt is None:
+        pk = inspect(model).primary_key
+        stmt = select(model).where(pk[0].in_(bindparam(KEYS_PARAM, expanding=True)))
+        _by_key[model] = stmt
+    return stmt
+
+
+def select_rows(
+    model: type[Any], mapper: Mapper[Any], keys: Sequence[str]
+) -> tuple[Select[Any], dict[str, Any]]:
+    """A statement loading ``model``'s rows named by ``keys``, and its parameters.
+
+    With a one-column primary key the statement is built once per model (an expanding
+    parameter takes the keys), so loading rows costs no statement construction.
+    """
+    if len(mapper.primary_key) == 1:
+        return _select_by_key(model), {KEYS_PARAM: [key_values(mapper, k)[0] for k in keys]}
+    return select(model).where(pk_in(mapper, keys)), {}
 
 
 def rows_page(

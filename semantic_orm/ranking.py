@@ -283,6 +283,16 @@ def fuse_tier(
         scale: What a single list's scores are divided by (keyword mode: the query's
             ``keyword_max``, so that ``hit.score`` is the matched share of the query).
     """
+    if fusion is None and len(lists) == 1:  # one list, already in the total order
+        ((name, points),) = lists.items()
+        fresh = [hit for hit in points if hit.id not in seen]
+        seen.update(hit.id for hit in fresh)
+        return [
+            Candidate(
+                hit, PointPayload.from_dict(hit.payload), hit.score / scale, {name: hit.score}, tier
+            )
+            for hit in fresh
+        ]
     ranks: dict[str, dict[str, int]] = {}
     raw: dict[str, dict[str, float]] = {}
     hits: dict[str, StoreHit] = {}

@@ -89,7 +89,7 @@ from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, over
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, inspect, select
+from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
@@ -99,7 +99,7 @@ from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
-from .mapping import SemanticColumn, pk_in, row_key, semantic_columns
+from .mapping import SemanticColumn, row_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
 from .stores.base import (
@@ -457,6 +457,7 @@ class _Query:
 @dataclass(frozen=True, slots=True)
 class _Load:
     statement: Any
+    params: Mapping[str, Any]
 
 
 _Step = _Embed | _Query | _Load
@@ -497,7 +498,9 @@ def _fetch(
             else Ranking(lst.ranking.using, lst.ranking.vector, MAX_DEPTH, threshold=floor[n])
             for n, lst in short.items()
         )
-        found = yield _Query(collection, SearchRequest(rankings, flt))
+        found = yield _Query(
+            collection, SearchRequest(rankings, flt, payload=PointPayload.SEARCH_KEYS)
+        )
         for (n, lst), hits in zip(short.items(), found, strict=True):
             if n in floor:  # every point down to the tied score: complete by construction
                 del floor[n]
@@ -552,7 +555,7 @@ def _keyword_max(collection: str, sparse: SparseVector) -> Generator[_Step, Any,
         Ranking(SPARSE_VECTOR, SparseVector((term,), (1.0,)), 1, with_vector=True)
         for term in sparse.indices
     )
-    found = yield _Query(collection, SearchRequest(rankings))
+    found = yield _Query(collection, SearchRequest(rankings, payload=()))
     idf = 0.0
     for term, hits in zip(sparse.indices, found, strict=True):
         if not hits or hits[0].sparse is None:
@@ -633,7 +636,7 @@ def _load_wave(
             batch.append(pk)
             if len(batch) >= rows.wave:
                 break
-    found = yield _Load(_row_query(model, mapper, batch, where))
+    found = yield _Load(*_row_query(model, mapper, batch, where))
     for obj in found:
         rows.loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
     rows.rejected.update(pk for pk in batch if pk not in rows.loaded)
@@ -705,8 +708,9 @@ def _steps(
     chosen: dict[str, list[Chunk]] = {}
     seen: set[str] = set()
     # fused lists need one fixed window for a stable order; one list is totally ordered at any
-    # depth, so it is read about as deep as the page needs (rows need a few chunks each)
-    depth = opts.candidates if fusion is not None else max(10, want * (4 if by_row else 3))
+    # depth, so it is read about as deep as the page needs (a row may need a few chunks), and
+    # deeper only when the page is not full: each point read costs its payload's read
+    depth = opts.candidates if fusion is not None else (2 * want + 2 if by_row else want + 2)
     tier = 0
     while lists and len(hits) < want and len(row_tier) < want:
         lo, hi = tier * depth, (tier + 1) * depth
@@ -765,11 +769,13 @@ def _steps(
     return hits[opts.offset : want]
 
 
-def _row_query(model: type[Any], mapper: Mapper[Any], keys: list[str], where: Any) -> Any:
-    stmt = select(model).where(pk_in(mapper, keys))
+def _row_query(
+    model: type[Any], mapper: Mapper[Any], keys: list[str], where: Any
+) -> tuple[Any, Mapping[str, Any]]:
+    stmt, params = select_rows(model, mapper, keys)
     if where is not None:
         stmt = stmt.where(where)
-    return stmt
+    return stmt, params
 
 
 def _checked_vector(value: Any, binding: ColumnBinding) -> npt.NDArray[np.float32]:
@@ -1081,7 +1087,7 @@ def semantic_search(
         elif isinstance(step, _Query):
             result = run.index.store.query(step.collection, step.request)
         else:
-            result = session.scalars(step.statement).all()
+            result = session.scalars(step.statement, step.params).all()
         step = run.advance(result)
     return run.hits
 
@@ -1179,7 +1185,7 @@ async def asemantic_search(
         elif isinstance(step, _Query):
             result = await asyncio.to_thread(run.index.store.query, step.collection, step.request)
         else:
-            result = (await session.scalars(step.statement)).all()
+            result = (await session.scalars(step.statement, step.params)).all()
         step = run.advance(result)
     return run.hits
 

@@ -333,18 +333,27 @@ class MemoryStore:
                     scored = [s for s in scored if s[0] >= ranking.threshold]
                 scored.sort(key=lambda s: (-s[0], s[1]))
                 page = scored[ranking.offset : ranking.offset + ranking.limit]
-                out.append([self._hit(ranking, score, i, p) for score, i, p in page])
+                out.append(
+                    [self._hit(ranking, score, i, p, request.payload) for score, i, p in page]
+                )
             return out
 
     @staticmethod
-    def _hit(ranking: Ranking, score: float, pid: str, point: _Point) -> StoreHit:
+    def _hit(
+        ranking: Ranking, score: float, pid: str, point: _Point, keys: tuple[str, ...] | None
+    ) -> StoreHit:
+        payload = (
+            dict(point.payload)
+            if keys is None
+            else {k: point.payload[k] for k in keys if k in point.payload}
+        )
         if not ranking.with_vector:
-            return StoreHit(pid, score, dict(point.payload))
+            return StoreHit(pid, score, payload)
         if ranking.using == DENSE_VECTOR:
-            return StoreHit(pid, score, dict(point.payload), point.dense.copy())
+            return StoreHit(pid, score, payload, point.dense.copy())
         terms = sorted(point.sparse)
         sparse = SparseVector(tuple(terms), tuple(point.sparse[t] for t in terms))
-        return StoreHit(pid, score, dict(point.payload), sparse=sparse)
+        return StoreHit(pid, score, payload, sparse=sparse)
 
     @staticmethod
     def _bm25(

@@ -26,6 +26,7 @@ from semantic_orm import (
     keywords,
     semantic_search,
 )
+from semantic_orm.stores import PointPayload, SearchRequest
 
 from .models import Article, Note
 
@@ -372,3 +373,30 @@ def test_bad_arguments_name_the_argument(installed: Any) -> None:
         ]:
             with pytest.raises(ConfigurationError, match=name):
                 Article.semantic_search(s, "text", **bad)
+
+
+@pytest.mark.parametrize("group_by", ["row", "chunk"])
+def test_a_one_list_search_reads_about_a_page_of_points_and_only_the_payload_it_uses(
+    installed: Any, group_by: str
+) -> None:
+    idx, factory = installed()
+    asked: list[SearchRequest] = []
+    query = idx.store.query
+
+    def recording(collection: str, request: SearchRequest) -> Any:
+        asked.append(request)
+        return query(collection, request)
+
+    with factory() as s:
+        s.add_all(
+            # one more filler word each: no two rows tie (a tie is read to its end)
+            Article(id=i, title="t", content="rivers " + "filler " * i)
+            for i in range(1, 200)
+        )
+        s.commit()
+        idx.store.query = recording  # type: ignore[method-assign]
+        hits = Article.semantic_search(s, "rivers", limit=5, mode="dense", group_by=group_by)
+    assert [h.obj.id for h in hits] == [1, 2, 3, 4, 5]
+    (request,) = asked  # one round trip: the first read held a full page
+    assert request.payload == PointPayload.SEARCH_KEYS
+    assert all(r.limit <= 2 * 5 + 3 for r in request.rankings)

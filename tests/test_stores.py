@@ -117,6 +117,21 @@ def test_upsert_search_and_payload(store: VectorStore) -> None:
     assert [(h.payload["pk"], h.payload["chunk_index"]) for h in page] == [("1", 0), ("2", 0)]
 
 
+def test_a_search_reads_only_the_payload_keys_it_names(store: VectorStore) -> None:
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0), vec(0, 1, 0, 0)]))
+    ranking = (Ranking("dense", vec(1, 0.1, 0, 0), 2),)
+    (some,) = store.query(SPEC.name, SearchRequest(ranking, payload=("pk", "chunk_index")))
+    assert [h.payload for h in some] == [
+        {"pk": "1", "chunk_index": 0},
+        {"pk": "1", "chunk_index": 1},
+    ]
+    (none,) = store.query(SPEC.name, SearchRequest(ranking, payload=()))
+    assert [h.payload for h in none] == [{}, {}] and [h.id for h in none] == [h.id for h in some]
+    (whole,) = store.query(SPEC.name, SearchRequest(ranking))
+    assert whole[0].payload["total_chunks"] == 2 and whole[0].payload["table"] == "doc"
+
+
 def test_upserting_the_same_ids_overwrites(store: VectorStore) -> None:
     store.ensure_collection(SPEC)
     pts = row_points("1", [vec(1, 0, 0, 0)] * 20)  # 20 points, batch size 7 -> 3 batches

@@ -136,6 +136,8 @@ class PointPayload:
     TEXT_HASH_KEY = "row"
     META_KEY = "meta"
     FIELDS_KEY = "f"
+    SEARCH_KEYS = (PK_KEY, CHUNK_INDEX_KEY, START_KEY, END_KEY, TOTAL_KEY, META_KEY)
+    """The keys a search reads of each hit (:attr:`SearchRequest.payload`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The payload as stored (empty ``meta`` and ``fields`` are omitted)."""
@@ -436,10 +438,16 @@ class Ranking:
 
 @dataclass(frozen=True, slots=True)
 class SearchRequest:
-    """What a search asks a store for: each ranking, under the same optional filter."""
+    """What a search asks a store for: each ranking, under the same optional filter.
+
+    ``payload`` names the payload keys each hit carries (``None``: all of them, ``()``: none);
+    reading a point's payload is most of what a filtered query costs, so a search asks only for
+    what it uses.
+    """
 
     rankings: tuple[Ranking, ...]
     filter: Filter | None = None
+    payload: tuple[str, ...] | None = None
 
 
 # -- the protocols ------------------------------------------------------------------------------

@@ -383,7 +383,9 @@ class QdrantClientStore(QdrantStore):
         )
         return list(records), after
 
-    def _request(self, ranking: Ranking, vector: Any, flt: Any) -> Any:
+    def _request(
+        self, ranking: Ranking, vector: Any, flt: Any, payload: tuple[str, ...] | None
+    ) -> Any:
         return _qc().models.QueryRequest(
             query=vector,
             using=ranking.using,
@@ -391,7 +393,7 @@ class QdrantClientStore(QdrantStore):
             offset=ranking.offset or None,
             filter=flt,
             score_threshold=ranking.threshold,
-            with_payload=True,
+            with_payload=list(payload) if payload else payload is None,
             with_vector=[ranking.using] if ranking.with_vector else False,
         )
 

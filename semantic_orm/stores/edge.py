@@ -568,15 +568,18 @@ class EdgeStore(QdrantStore):
         records, after = self._shard_call(collection, "scroll", "scroll", request)
         return list(records), after
 
-    def _request(self, ranking: Ranking, vector: Any, flt: Any) -> Any:
+    def _request(
+        self, ranking: Ranking, vector: Any, flt: Any, payload: tuple[str, ...] | None
+    ) -> Any:
         qe = _qe()
+        selected = qe.PayloadSelector.Include(list(payload)) if payload else payload is None
         return qe.QueryRequest(
             limit=ranking.limit,
             offset=ranking.offset or None,
             query=qe.Query.Nearest(vector, using=ranking.using),
             filter=flt,
             score_threshold=ranking.threshold,
-            with_payload=True,
+            with_payload=selected,
             with_vector=[ranking.using] if ranking.with_vector else None,
         )
 

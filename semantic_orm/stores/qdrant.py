@@ -137,7 +137,11 @@ class QdrantStore:
     def _point(self, pid: str, vectors: dict[str, Any], payload: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def _request(self, ranking: Ranking, vector: Any, flt: Any) -> Any:
+    def _request(
+        self, ranking: Ranking, vector: Any, flt: Any, payload: tuple[str, ...] | None
+    ) -> Any:
+        """The native query of one ranking (``payload``: the keys to return, as in
+        :attr:`SearchRequest.payload`)."""
         raise NotImplementedError
 
     def _query_batch(self, collection: str, requests: list[Any]) -> list[list[Any]]:
@@ -245,7 +249,10 @@ class QdrantStore:
         if not request.rankings or not self._has(collection):
             return [[] for _ in request.rankings]
         native = None if request.filter is None else translate(request.filter, self.builder)
-        requests = [self._request(r, self._native_vector(r), native) for r in request.rankings]
+        requests = [
+            self._request(r, self._native_vector(r), native, request.payload)
+            for r in request.rankings
+        ]
         found = self._query_batch(collection, requests)
         out: list[list[StoreHit]] = []
         for ranking, hits in zip(request.rankings, found, strict=True):

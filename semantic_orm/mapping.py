@@ -10,11 +10,9 @@ so memory stays bounded on any table size).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +35,6 @@ from sqlalchemy.sql.elements import ColumnElement
 from .column import SemanticText
 
 __all__ = [
-    "KEYS_PARAM",
     "SemanticColumn",
     "all_mappers",
     "iter_keys",
@@ -139,16 +136,21 @@ def row_key(identity: Sequence[Any]) -> str:
     return json.dumps(values[0] if len(values) == 1 else values, default=str, ensure_ascii=False)
 
 
-@functools.lru_cache(maxsize=1024)
+_pk_types_cache: dict[Mapper[Any], tuple[type | None, ...]] = {}
+
+
 def _pk_types(mapper: Mapper[Any]) -> tuple[type | None, ...]:
     """The Python type of each primary key column (``None`` where the type cannot say)."""
-    out: list[type | None] = []
-    for col in mapper.primary_key:
-        try:
-            out.append(col.type.python_type)
-        except NotImplementedError:
-            out.append(None)
-    return tuple(out)
+    found = _pk_types_cache.get(mapper)
+    if found is None:
+        types: list[type | None] = []
+        for col in mapper.primary_key:
+            try:
+                types.append(col.type.python_type)
+            except NotImplementedError:
+                types.append(None)
+        found = _pk_types_cache[mapper] = tuple(types)
+    return found
 
 
 def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
@@ -178,20 +180,16 @@ def pk_in(mapper: Mapper[Any], keys: Sequence[str]) -> ColumnElement[bool]:
     return tuple_(*pk).in_(values)
 
 
-KEYS_PARAM = "semantic_orm_keys"
-"""The bound parameter of :func:`select_rows` statements."""
-
-
-_by_key: weakref.WeakKeyDictionary[type[Any], Select[Any]] = weakref.WeakKeyDictionary()
+_KEYS = "semantic_orm_keys"
+_by_key: dict[type[Any], Select[Any]] = {}
 
 
 def _select_by_key(model: type[Any]) -> Select[Any]:
-    """``SELECT model WHERE pk IN (:keys)``, built once per model."""
+    """``SELECT model WHERE pk IN (:semantic_orm_keys)``, built once per model."""
     stmt = _by_key.get(model)
     if stmt is None:
         pk = inspect(model).primary_key
-        stmt = select(model).where(pk[0].in_(bindparam(KEYS_PARAM, expanding=True)))
-        _by_key[model] = stmt
+        stmt = _by_key[model] = select(model).where(pk[0].in_(bindparam(_KEYS, expanding=True)))
     return stmt
 
 
@@ -204,7 +202,7 @@ def select_rows(
     parameter takes the keys), so loading rows costs no statement construction.
     """
     if len(mapper.primary_key) == 1:
-        return _select_by_key(model), {KEYS_PARAM: [key_values(mapper, k)[0] for k in keys]}
+        return _select_by_key(model), {_KEYS: [key_values(mapper, k)[0] for k in keys]}
     return select(model).where(pk_in(mapper, keys)), {}
 
 

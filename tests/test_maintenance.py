@@ -144,36 +144,30 @@ def test_reconcile_resumes_after_an_interruption(
 
 
 def test_reconcile_waits_for_the_jobs_another_processor_holds(
-    engine: Engine, store: Any, hash_embedder: HashEmbedder
+    engine: Engine, installed: Any, hash_embedder: HashEmbedder
 ) -> None:
-    Base.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=hash_embedder)
-    factory = sessionmaker(engine)
-    idx.install(factory)
-    worker = SemanticIndex(store=store, embedder=hash_embedder, models=Article)
-    try:
-        with factory() as s:
-            s.add_all(Article(id=i, title="t", content=f"row {i}") for i in range(1, 4))
-            s.commit()
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE article SET content = content || ' edited'"))
-        reconcile(idx, Article, engine, process=False)
-        with engine.begin() as conn:  # a worker leases them, and syncs them a moment later
-            held = outbox.claim(conn, token=worker.processor.token, lease=30, limit=10)
-        assert len(held) == 3
+    idx, factory = installed()
+    worker = SemanticIndex(store=idx.store, embedder=hash_embedder, models=Article)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=f"row {i}") for i in range(1, 4))
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE article SET content = content || ' edited'"))
+    reconcile(idx, Article, engine, process=False)
+    with engine.begin() as conn:  # a worker leases them, and syncs them a moment later
+        held = outbox.claim(conn, token=worker.processor.token, lease=30, limit=10)
+    assert len(held) == 3
 
-        def finish() -> None:
-            time.sleep(0.3)
-            worker.processor.process(engine, claimed=held)
+    def finish() -> None:
+        time.sleep(0.3)
+        worker.processor.process(engine, claimed=held)
 
-        thread = threading.Thread(target=finish)
-        thread.start()
-        # the rows are still out of sync, so reconcile queues them again: the new jobs wait for
-        # the worker's lease, and reconcile waits for both
-        (report,) = reconcile(idx, Article, engine)
-        thread.join()
-        assert report.queued == 3
-        assert pending(engine) == []
-        assert_index_matches_database(engine, store)
-    finally:
-        idx.uninstall(factory)
+    thread = threading.Thread(target=finish)
+    thread.start()
+    # the rows are still out of sync, so reconcile queues them again: the new jobs wait for
+    # the worker's lease, and reconcile waits for both
+    (report,) = reconcile(idx, Article, engine)
+    thread.join()
+    assert report.queued == 3
+    assert pending(engine) == []
+    assert_index_matches_database(engine, idx.store)

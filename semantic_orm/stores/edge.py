@@ -17,6 +17,8 @@ optimisation. qdrant-edge-py 0.9 holds the GIL while it optimises, so the proces
 Python threads wait meanwhile (about 10 s per 20,000 384-dimension points on 2 cores): a bulk
 load pays it once per ``optimize_after`` points, a steady trickle of commits rarely. Tune with
 ``hnsw=`` and ``optimize_after=`` (``None``: only when asked, :meth:`EdgeStore.optimize`).
+Each optimisation ends with a flush, which is when Edge lets go of the segments it replaced
+(their files would otherwise stay mapped, a second copy of the data in memory).
 
 A shard can be opened by one process at a time (its write-ahead log is locked). Within a process,
 every ``EdgeStore`` on the same directory shares one open shard, so two stores or two threads do
@@ -418,6 +420,10 @@ class EdgeStore(QdrantStore):
                 return
             opened.written = 0
             self._guard("optimize", opened.shard.optimize)
+            # Edge drops the segments an optimisation replaced only at the next flush: until
+            # then their files stay mapped and resident (measured: 547 MB against 215 MB after
+            # four optimisations of 20,000 points), so each build would add a copy of the data
+            self._guard("flush", opened.shard.flush)
 
     def _after_write(self, collection: str, count: int) -> None:
         """Start a background optimisation once enough points are unindexed."""

@@ -91,7 +91,6 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
-from sqlalchemy.orm.base import instance_state
 
 from . import keywords, signals
 from .binding import ColumnBinding
@@ -100,7 +99,7 @@ from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
-from .mapping import SemanticColumn, row_key, select_rows, semantic_columns
+from .mapping import SemanticColumn, instance_key, row_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
 from .stores.base import (
@@ -644,27 +643,10 @@ def _load_wave(
             if len(batch) >= rows.wave:
                 break
     found = yield _Load(*_row_query(model, mapper, batch, where))
-    keys = _pk_keys(mapper)
     for obj in found:
-        loaded = instance_state(obj).dict
-        if all(k in loaded for k in keys):  # what primary_key_from_instance reads, directly
-            rows.loaded[row_key([loaded[k] for k in keys])] = obj
-        else:  # an expired key: the mapper loads it
-            rows.loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
+        rows.loaded[instance_key(mapper, obj)] = obj
     rows.rejected.update(pk for pk in batch if pk not in rows.loaded)
     rows.wave = min(rows.wave * 2, 500)
-
-
-_pk_keys_cache: dict[Mapper[Any], tuple[str, ...]] = {}
-
-
-def _pk_keys(mapper: Mapper[Any]) -> tuple[str, ...]:
-    """The attribute names of ``mapper``'s primary key columns, in key order (cached)."""
-    found = _pk_keys_cache.get(mapper)
-    if found is None:
-        found = tuple(mapper.get_property_by_column(c).key for c in mapper.primary_key)
-        _pk_keys_cache[mapper] = found
-    return found
 
 
 def _store_filter(

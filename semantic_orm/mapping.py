@@ -3,7 +3,8 @@
 :func:`semantic_columns` inspects a mapper once and caches what it finds; handled columns are
 marked in ``Column.info["semantic_orm"]``. A row is named in vector payloads and outbox jobs by
 :func:`row_key`, the JSON text of its primary key (``"42"``, ``'"a-slug"'``, ``'[1, "en"]'`` for
-a composite key), which :func:`key_values` turns back into values for a SQL ``IN``.
+a composite key; :func:`instance_key` for a loaded instance), which :func:`key_values` turns back
+into values for a SQL ``IN``.
 :func:`iter_keys` pages through every key of a table in primary-key order (keyset pagination,
 so memory stays bounded on any table size).
 """
@@ -30,6 +31,7 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.orm import Mapper
+from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.sql.elements import ColumnElement
 
 from .column import SemanticText
@@ -37,6 +39,7 @@ from .column import SemanticText
 __all__ = [
     "SemanticColumn",
     "all_mappers",
+    "instance_key",
     "iter_keys",
     "iter_rows",
     "key_values",
@@ -134,6 +137,25 @@ def row_key(identity: Sequence[Any]) -> str:
     if len(values) == 1 and type(values[0]) is int:
         return str(values[0])  # what json.dumps writes, without it: the common case
     return json.dumps(values[0] if len(values) == 1 else values, default=str, ensure_ascii=False)
+
+
+_pk_attrs_cache: dict[Mapper[Any], tuple[str, ...]] = {}
+
+
+def instance_key(mapper: Mapper[Any], obj: Any) -> str:
+    """The :func:`row_key` of ``obj``, an instance of ``mapper``'s class.
+
+    Reads the primary key attributes it holds (what ``mapper.primary_key_from_instance``
+    returns, without its per-attribute machinery); an expired one goes through the mapper.
+    """
+    names = _pk_attrs_cache.get(mapper)
+    if names is None:
+        names = tuple(mapper.get_property_by_column(c).key for c in mapper.primary_key)
+        _pk_attrs_cache[mapper] = names
+    loaded = instance_state(obj).dict
+    if all(name in loaded for name in names):
+        return row_key([loaded[name] for name in names])
+    return row_key(mapper.primary_key_from_instance(obj))
 
 
 _pk_types_cache: dict[Mapper[Any], tuple[type | None, ...]] = {}

@@ -24,6 +24,7 @@ the matched share of the query).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -67,6 +68,8 @@ def _key(hit: StoreHit) -> tuple[float, tuple[int, float, str], int, str]:
 
 def order(hits: Sequence[StoreHit]) -> list[StoreHit]:
     """``hits`` in the total order: score, then row key, chunk index and point id."""
+    if all(a.score > b.score for a, b in itertools.pairwise(hits)):
+        return list(hits)  # no ties, best first (as stores return them): already in order
     return sorted(hits, key=_key)
 
 

@@ -99,7 +99,7 @@ from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
-from .mapping import SemanticColumn, row_key, select_rows, semantic_columns
+from .mapping import SemanticColumn, instance_key, row_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
 from .stores.base import (
@@ -231,9 +231,9 @@ class _Options:
 
     @classmethod
     def read(cls, options: Mapping[str, Any]) -> _Options:
-        known = (*cls.__dataclass_fields__, *_RERANK_KEYS)  # the rerank stage reads those
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(options.keys() - _KNOWN_OPTIONS)
         if unknown:
+            known = (*cls.__dataclass_fields__, *_RERANK_KEYS)
             raise ConfigurationError(
                 f"semantic_search got unknown option(s) {', '.join(unknown)}; known: "
                 f"{', '.join(known)}"
@@ -279,6 +279,10 @@ class _Options:
             )
 
 
+_KNOWN_OPTIONS = frozenset((*_Options.__dataclass_fields__, *_RERANK_KEYS))
+"""What :meth:`_Options.read` accepts (the rerank stage reads the rerank keys)."""
+
+
 def _chunk_types(name: str, value: Any) -> tuple[str, ...]:
     """``chunk_types=`` / ``exclude_chunk_types=`` as a tuple of known type names."""
     if value is None:
@@ -299,6 +303,8 @@ def _chunk_types(name: str, value: Any) -> tuple[str, ...]:
 
 def _check_structure(opts: _Options, binding: ColumnBinding) -> None:
     """Refuse structure options the column's chunks cannot answer."""
+    if opts.chunk_types is None and opts.exclude_chunk_types is None and opts.dedupe is None:
+        return
     config = binding.chunker.config()
     for name in ("chunk_types", "exclude_chunk_types"):
         if getattr(opts, name) is not None and "tags" not in config:
@@ -599,7 +605,7 @@ def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
         start_offset=p.start_offset,
         end_offset=p.end_offset,
         total_chunks=p.total_chunks,
-        metadata=dict(p.meta),
+        metadata=p.meta,  # the candidate's own copy (PointPayload.from_dict)
     )
     return ScoredChunk(chunk, cand.score, cand.scores)
 
@@ -638,7 +644,7 @@ def _load_wave(
                 break
     found = yield _Load(*_row_query(model, mapper, batch, where))
     for obj in found:
-        rows.loaded[row_key(mapper.primary_key_from_instance(obj))] = obj
+        rows.loaded[instance_key(mapper, obj)] = obj
     rows.rejected.update(pk for pk in batch if pk not in rows.loaded)
     rows.wave = min(rows.wave * 2, 500)
 
@@ -677,8 +683,15 @@ def _steps(
     query: str,
     opts: _Options,
     untrusted: Callable[[], frozenset[str]] = frozenset,
+    hints: dict[str, int] | None = None,
 ) -> Generator[_Step, Any, list[SearchHit[Any]]]:
-    """The whole search as a sequence of steps (embed, query the store, load rows)."""
+    """The whole search as a sequence of steps (embed, query the store, load rows).
+
+    ``hints`` maps a collection to the searches left before a one-list search by row tries a
+    shallow first read again (see :func:`_page_closed`); it only chooses how deep to read.
+    """
+    if hints is None:
+        hints = {}
     col = binding.column
     mapper = col.mapper
     flt, why = _store_filter(binding, opts.where, untrusted())
@@ -711,53 +724,81 @@ def _steps(
     # depth, so it is read about as deep as the page needs (a row may need a few chunks), and
     # deeper only when the page is not full: each point read costs its payload's read
     depth = opts.candidates if fusion is not None else (2 * want + 2 if by_row else want + 2)
+    # one list by row: tier 0 is read to the page's depth first, and the rest of it only when
+    # a row of the page may still gain chunks there (see _page_closed)
+    hint = hints if fusion is None and by_row and want < depth else None
+    flt_typed = _typed(flt, opts)
     tier = 0
-    while lists and len(hits) < want and len(row_tier) < want:
+    stop = False
+    while lists and not stop and len(hits) < want and len(row_tier) < want:
         lo, hi = tier * depth, (tier + 1) * depth
         if fusion is not None and threshold is not None and tier > 0:
             # each list's last score so far bounds every score further down it
             tops = {n: lst.hits[lo - 1].score for n, lst in lists.items() if len(lst.hits) >= lo}
             if fusion.bound(lo, tops) < threshold:
                 break  # no point this deep can reach the threshold
-        yield from _fetch(lists, binding.collection, hi, _typed(flt, opts))
-        if all(lst.exhausted and len(lst.hits) <= lo for lst in lists.values()):
-            break
-        ranked = fuse_tier(
-            {n: lst.hits[lo:hi] for n, lst in lists.items()}, lo, fusion, seen, tier, scale
-        )
-        _annotate(ranked, keyword_max, fusion is not None)
-        if threshold is not None:
-            ranked = [c for c in ranked if c.score >= threshold]
-            if not ranked and fusion is None:
-                break  # one list, best first: nothing further down passes either
-        for at, cand in enumerate(ranked):
-            pk = cand.payload.pk
-            decided = len(row_tier) >= want if by_row else len(hits) >= want
-            if decided and (not by_row or pk not in row_tier):
-                continue  # only chunks of rows already decided matter now
-            if pk not in rows.loaded and pk not in rows.rejected:
-                yield from _load_wave(rows, ranked, at, model, mapper, opts.where)
-            obj = rows.loaded.get(pk)
-            if obj is None:
-                continue
-            scored = _scored(cand, _text(obj, col))
-            if scored is None:
-                continue
-            if by_row:
-                if pk not in row_tier:
-                    row_tier[pk] = tier
-                    row_chunks[pk] = []
-                if (
-                    row_tier[pk] == tier
-                    and len(row_chunks[pk]) < opts.chunks_per_row
-                    and not _same_unit(scored.chunk, [c.chunk for c in row_chunks[pk]], opts.dedupe)
+        shallow = hint is not None and tier == 0 and hint.get(binding.collection, 0) <= 0
+        if hint is not None and tier == 0 and not shallow:
+            hint[binding.collection] -= 1
+        start = lo
+        for cut in (want, hi) if shallow else (hi,):
+            yield from _fetch(lists, binding.collection, cut, flt_typed)
+            if all(lst.exhausted and len(lst.hits) <= start for lst in lists.values()):
+                stop = True
+                break
+            ranked = fuse_tier(
+                {n: lst.hits[start:cut] for n, lst in lists.items()},
+                start,
+                fusion,
+                seen,
+                tier,
+                scale,
+            )
+            _annotate(ranked, keyword_max, fusion is not None)
+            if threshold is not None:
+                ranked = [c for c in ranked if c.score >= threshold]
+                if not ranked and fusion is None:
+                    stop = True  # one list, best first: nothing further down passes either
+                    break
+            for at, cand in enumerate(ranked):
+                pk = cand.payload.pk
+                decided = len(row_tier) >= want if by_row else len(hits) >= want
+                if decided and (not by_row or pk not in row_tier):
+                    continue  # only chunks of rows already decided matter now
+                if pk not in rows.loaded and pk not in rows.rejected:
+                    yield from _load_wave(rows, ranked, at, model, mapper, opts.where)
+                obj = rows.loaded.get(pk)
+                if obj is None:
+                    continue
+                scored = _scored(cand, _text(obj, col))
+                if scored is None:
+                    continue
+                if by_row:
+                    if pk not in row_tier:
+                        row_tier[pk] = tier
+                        row_chunks[pk] = []
+                    if (
+                        row_tier[pk] == tier
+                        and len(row_chunks[pk]) < opts.chunks_per_row
+                        and (
+                            opts.dedupe is None
+                            or not _same_unit(
+                                scored.chunk, [c.chunk for c in row_chunks[pk]], opts.dedupe
+                            )
+                        )
+                    ):
+                        row_chunks[pk].append(scored)
+                elif not _redundant(scored.chunk, chosen.setdefault(pk, [])) and not _same_unit(
+                    scored.chunk, chosen[pk], opts.dedupe
                 ):
-                    row_chunks[pk].append(scored)
-            elif not _redundant(scored.chunk, chosen.setdefault(pk, [])) and not _same_unit(
-                scored.chunk, chosen[pk], opts.dedupe
-            ):
-                chosen[pk].append(scored.chunk)
-                hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
+                    chosen[pk].append(scored.chunk)
+                    hits.append(SearchHit(obj, scored.score, (scored,), _text(obj, col)))
+            start = cut
+            if cut < hi and hint is not None:
+                if _page_closed(row_chunks, want, opts.chunks_per_row):
+                    break  # the rest of the tier cannot change the page
+                if not all(lst.exhausted for lst in lists.values()):
+                    hint[binding.collection] = _SHALLOW_PAUSE  # a second read: go deep at once
         tier += 1
     if by_row:
         for pk in list(row_tier)[:want]:
@@ -767,6 +808,31 @@ def _steps(
     if opts.where is not None and flt is None:
         _warn_scan(binding, why, len(rows.loaded) + len(rows.rejected), len(hits))
     return hits[opts.offset : want]
+
+
+_SHALLOW_PAUSE = 16
+"""Searches of a collection that read tier 0 whole after a shallow read left its page open."""
+_hints: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def _hints_for(store: Any) -> dict[str, int]:
+    """The shallow-read hints of ``store``'s collections (see :func:`_steps`)."""
+    try:
+        return _hints.setdefault(store, {})
+    except TypeError:  # not weak-referenceable: no memory between searches
+        return {}
+
+
+def _page_closed(row_chunks: Mapping[str, list[ScoredChunk]], want: int, per_row: int) -> bool:
+    """Whether the page's rows can gain no chunk deeper in their tier.
+
+    Each of the ``want`` rows of the page holds as many chunks as ``hit.chunks`` keeps, or all
+    of its chunks: its point's payload says the row has only that one. Then the rest of the
+    tier holds only chunks of rows past the page, which the page does not take.
+    """
+    if len(row_chunks) < want:
+        return False
+    return all(len(c) >= per_row or c[0].chunk.total_chunks == 1 for c in row_chunks.values())
 
 
 def _row_query(
@@ -827,9 +893,16 @@ class _Search:
         self.query = query
         self.started = time.perf_counter()
         binding = self.binding
-        if opts.fusion is None:
+        if opts.fusion is None and opts.mode == "hybrid":  # only hybrid mode fuses
             opts = dataclasses.replace(opts, fusion=idx.fusion)
-        self._steps = _steps(binding, model, query, opts, lambda: idx.bindings.untrusted(binding))
+        self._steps = _steps(
+            binding,
+            model,
+            query,
+            opts,
+            lambda: idx.bindings.untrusted(binding),
+            _hints_for(idx.store),
+        )
         self.hits: list[SearchHit[Any]] = []
 
     def advance(self, result: Any) -> _Step | None:

@@ -400,3 +400,90 @@ def test_a_one_list_search_reads_about_a_page_of_points_and_only_the_payload_it_
     (request,) = asked  # one round trip: the first read held a full page
     assert request.payload == PointPayload.SEARCH_KEYS
     assert all(r.limit <= 2 * 5 + 3 for r in request.rankings)
+
+
+def _summary(hits: list[Any]) -> tuple[list[Any], list[float]]:
+    """Everything a hit says, comparable: exact parts, and scores (a store computes them again
+    for each read, qdrant-client's local mode to the last float32 digit)."""
+    exact = [
+        (
+            h.obj.id,
+            [
+                (
+                    c.chunk.index,
+                    c.chunk.start_offset,
+                    c.chunk.end_offset,
+                    c.chunk.total_chunks,
+                    c.chunk.text,
+                    dict(c.chunk.metadata),
+                    sorted(c.scores),
+                )
+                for c in h.chunks
+            ],
+        )
+        for h in hits
+    ]
+    scores = [x for h in hits for x in (h.score, *(v for c in h.chunks for v in c.scores.values()))]
+    return exact, scores
+
+
+@pytest.mark.parametrize("mode", ["dense", "keyword"])
+def test_a_shallow_first_read_returns_what_reading_the_whole_tier_returns(
+    installed: Any, mode: str
+) -> None:
+    """A one-list search by row reads the page's depth first; it must change nothing."""
+    from sqlalchemy import func, inspect, select
+
+    from semantic_orm import search as search_module
+
+    idx, factory = installed()
+    hints = search_module._hints_for(idx.store)
+    collection = idx.binding_for(search_module.pick_column(inspect(Article), None)).collection
+    asked: list[SearchRequest] = []
+    query = idx.store.query
+
+    def recording(collection: str, request: SearchRequest) -> Any:
+        asked.append(request)
+        return query(collection, request)
+
+    words = "rivers sea water boats fish rain lakes ships".split()
+    with factory() as s:
+        for i in range(1, 91):
+            if i % 4 == 0:  # several chunks, the query's words spread over them
+                content = " ".join(f"{words[(i + k) % 8]} filler{k} " * 9 for k in range(4))
+            elif i % 4 == 1:  # one chunk, ties among them
+                content = "rivers and the sea"
+            else:  # one chunk
+                content = " ".join(words[(i * k) % 8] for k in range(1, 2 + i % 5))
+            s.add(Article(id=i, title="t" * (i % 3), lang="fr" if i % 3 else "en", content=content))
+        s.commit()
+        idx.store.query = recording  # type: ignore[method-assign]
+        for where in (None, Article.lang == "fr", func.length(Article.title) > 0):
+            for limit, offset in ((1, 0), (5, 0), (5, 5), (10, 3), (30, 0)):
+                for per_row in (1, 3):
+                    options: dict[str, Any] = {
+                        "limit": limit,
+                        "offset": offset,
+                        "mode": mode,
+                        "where": where,
+                        "chunks_per_row": per_row,
+                    }
+                    hints[collection] = 10**9  # the whole tier at once
+                    whole = Article.semantic_search(s, "rivers sea water", **options)
+                    hints[collection] = 0  # the page's depth first
+                    shallow = Article.semantic_search(s, "rivers sea water", **options)
+                    (got, got_scores), (want, want_scores) = _summary(shallow), _summary(whole)
+                    assert got == want, options
+                    assert got_scores == pytest.approx(want_scores, rel=1e-6), options
+        # rows of one chunk only: the page's depth (and its ties) settles the page
+        idx.store.query = query  # type: ignore[method-assign]
+        for art in s.scalars(select(Article).where(Article.id % 4 == 0)):
+            s.delete(art)
+        s.commit()
+        idx.store.query = recording  # type: ignore[method-assign]
+        asked.clear()
+        hints[collection] = 0
+        hits = Article.semantic_search(s, "boats fish", limit=3, mode=mode)
+        assert len(hits) == 3 and all(h.chunk.total_chunks == 1 for h in hits)
+        reads = [r for r in asked if r.payload == PointPayload.SEARCH_KEYS]
+        assert reads[0].rankings[0].limit == 3 + 1 and hints[collection] == 0

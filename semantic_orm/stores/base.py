@@ -163,20 +163,21 @@ class PointPayload:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> PointPayload:
         """Read a stored payload (keys a point written by an older version lacks default)."""
+        get = raw.get  # a search reads one per candidate
         return cls(
-            table=str(raw.get(cls.TABLE_KEY, "")),
-            column=str(raw.get(cls.COLUMN_KEY, "")),
-            pk=str(raw.get(cls.PK_KEY, "")),
-            chunk_index=int(raw.get(cls.CHUNK_INDEX_KEY, 0)),
-            start_offset=int(raw.get(cls.START_KEY, 0)),
-            end_offset=int(raw.get(cls.END_KEY, 0)),
-            total_chunks=int(raw.get(cls.TOTAL_KEY, 0)),
-            chunk_hash=str(raw.get(cls.CHUNK_HASH_KEY, "")),
-            config=str(raw.get(cls.CONFIG_KEY, "")),
-            analyzer=str(raw.get(cls.ANALYZER_KEY, "")),
-            text_hash=str(raw.get(cls.TEXT_HASH_KEY, "")),
-            meta=dict(raw.get(cls.META_KEY) or {}),
-            fields=dict(raw.get(cls.FIELDS_KEY) or {}),
+            table=str(get(cls.TABLE_KEY, "")),
+            column=str(get(cls.COLUMN_KEY, "")),
+            pk=str(get(cls.PK_KEY, "")),
+            chunk_index=int(get(cls.CHUNK_INDEX_KEY, 0)),
+            start_offset=int(get(cls.START_KEY, 0)),
+            end_offset=int(get(cls.END_KEY, 0)),
+            total_chunks=int(get(cls.TOTAL_KEY, 0)),
+            chunk_hash=str(get(cls.CHUNK_HASH_KEY, "")),
+            config=str(get(cls.CONFIG_KEY, "")),
+            analyzer=str(get(cls.ANALYZER_KEY, "")),
+            text_hash=str(get(cls.TEXT_HASH_KEY, "")),
+            meta=dict(get(cls.META_KEY) or {}),
+            fields=dict(get(cls.FIELDS_KEY) or {}),
         )
 
     @classmethod

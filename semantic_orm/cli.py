@@ -225,8 +225,7 @@ def _progress(worker: Worker, engine: Engine) -> None:
     oldest = [c["oldest_pending"] for c in counts.values() if c["oldest_pending"] is not None]
     lag = ""
     if oldest:
-        first = min(o if o.tzinfo else o.replace(tzinfo=outbox.utcnow().tzinfo) for o in oldest)
-        lag = f", lag {(outbox.utcnow() - first).total_seconds():.0f} s"
+        lag = f", lag {(outbox.utcnow() - min(oldest)).total_seconds():.0f} s"
     print(
         f"semantic-orm worker: {t.done} jobs done, {t.retried} retried, {t.dead} dead, "
         f"{pending} pending{lag}",

@@ -432,8 +432,6 @@ def status(
             rows = conn.execute(select(func.count()).select_from(table)).scalar_one()
             entry = jobs.get((col.table, col.name), {})
             oldest = entry.get("oldest_pending")
-            if oldest is not None and oldest.tzinfo is None:
-                oldest = oldest.replace(tzinfo=dt.UTC)
             out.append(
                 ColumnStatus(
                     column=col.label,

@@ -70,6 +70,7 @@ __all__ = [
     "OUTBOX_TABLE",
     "Job",
     "JobKey",
+    "as_utc",
     "checkpoint",
     "claim",
     "counts",
@@ -151,6 +152,11 @@ def create_tables(conn: Connection) -> None:
 def utcnow() -> dt.datetime:
     """Timezone-aware now (UTC)."""
     return dt.datetime.now(dt.UTC)
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """A time read from the outbox, timezone-aware (SQLite gives it back naive, in UTC)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
 class JobKey(NamedTuple):
@@ -275,20 +281,24 @@ def _leased_keys(
     """Keys with a live lease on one of their jobs (other than the jobs ``besides``).
 
     Any processor's lease counts, this process's too: two passes never sync one row at once.
+    The rows' jobs are found through the row index and their leases checked here: with the
+    lease conditions in SQL, SQLite's planner (no statistics) walks the due-time index instead,
+    through every job scheduled for later, so a commit's cost grew with the retry backlog.
     """
     busy: set[JobKey] = set()
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
-            stmt = select(outbox.c.id, outbox.c.row_pk).where(
+            stmt = select(
+                outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, outbox.c.next_attempt_at
+            ).where(
                 outbox.c.table_name == table,
                 outbox.c.column_name == column,
                 outbox.c.row_pk.in_(part),
-                outbox.c.claimed_by.is_not(None),
-                outbox.c.next_attempt_at > now,
-                outbox.c.dead.is_(False),
             )
             busy.update(
-                JobKey(table, column, pk) for i, pk in conn.execute(stmt) if i not in besides
+                JobKey(table, column, pk)
+                for i, pk, holder, due in conn.execute(stmt)
+                if holder is not None and as_utc(due) > now and i not in besides
             )
     return busy
 
@@ -525,21 +535,24 @@ def release(conn: Connection, tokens: Sequence[str], *, now: dt.datetime | None 
 
 def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
     """Bury the pending jobs of ``keys`` at once (e.g. their table is no longer mapped)."""
-    buried = 0
+    pending: list[int] = []
     for (table, column), pks in _key_groups(keys).items():
         for part in _chunks(pks):
-            result = conn.execute(
-                update(outbox)
-                .where(
+            rows = conn.execute(  # through the row index (see _leased_keys), dead or not
+                select(outbox.c.id, outbox.c.dead).where(
                     outbox.c.table_name == table,
                     outbox.c.column_name == column,
                     outbox.c.row_pk.in_(part),
-                    outbox.c.dead.is_(False),
                 )
-                .values(dead=True, last_error=error[:2000], claimed_by=None)
             )
-            buried += int(result.rowcount)
-    return buried
+            pending.extend(int(i) for i, dead in rows if not dead)
+    for part in _chunks(pending):
+        conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(part))
+            .values(dead=True, last_error=error[:2000], claimed_by=None)
+        )
+    return len(pending)
 
 
 def requeue_dead(
@@ -578,7 +591,7 @@ def delete_column(conn: Connection, table: str, column: str) -> int:
 
 
 def counts(conn: Connection) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per ``(table, column)``: pending, dead and retrying job counts, oldest pending time."""
+    """Per ``(table, column)``: pending, dead and retrying job counts, oldest pending time (UTC)."""
     retrying = func.sum(case((outbox.c.attempts > 0, 1), else_=0))
     stmt = select(
         outbox.c.table_name,
@@ -598,7 +611,7 @@ def counts(conn: Connection) -> dict[tuple[str, str], dict[str, Any]]:
         else:
             entry["pending"] = int(n)
             entry["retrying"] = int(retries or 0)
-            entry["oldest_pending"] = oldest
+            entry["oldest_pending"] = None if oldest is None else as_utc(oldest)
     return out
 
 
@@ -660,9 +673,7 @@ def next_due(conn: Connection) -> dt.datetime | None:
         .limit(1)
     )
     found = conn.execute(stmt).scalar()
-    if found is not None and found.tzinfo is None:
-        found = found.replace(tzinfo=dt.UTC)
-    return found
+    return None if found is None else as_utc(found)
 
 
 def checkpoint(conn: Connection, name: str, value: str | None = None) -> str | None:

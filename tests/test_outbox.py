@@ -221,7 +221,7 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     assert seen
     with tables.connect() as conn:
         for statement, params in seen:
-            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)  # type: ignore[arg-type]
+            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
             plan = " ".join(str(row[-1]) for row in rows)
             assert "next_attempt_at>" not in plan and "SCAN semantic_orm_outbox" not in plan, (
                 statement,

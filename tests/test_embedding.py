@@ -145,6 +145,19 @@ def test_invalid_backend_or_precision_is_named() -> None:
         SentenceTransformerEmbedder(precision="int8")
 
 
+def test_batch_size_follows_the_device_unless_given() -> None:
+    """Small batches on the CPU (fastest there, bench/embedding.py), large ones on a GPU."""
+    from semantic_orm.embedding import CPU_BATCH_SIZE, GPU_BATCH_SIZE
+
+    assert SentenceTransformerEmbedder(device="cpu").batch_size == CPU_BATCH_SIZE == 8
+    assert SentenceTransformerEmbedder(backend="torch", device="cpu").batch_size == 8
+    gpu = SentenceTransformerEmbedder(device="cuda")  # resolving the device loads nothing
+    assert gpu.batch_size == GPU_BATCH_SIZE and not gpu.loaded
+    assert SentenceTransformerEmbedder(device="cpu", batch_size=32).batch_size == 32
+    with pytest.raises(ConfigurationError, match="batch_size must be >= 1, got 0"):
+        SentenceTransformerEmbedder(batch_size=0)
+
+
 # ============================================================================ real model
 
 
@@ -236,6 +249,9 @@ def test_onnx_exports_once_then_reuses(
     assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.98
     assert first.max_seq_length == torch_minilm.max_seq_length
     assert first.count_tokens(TEXTS) == torch_minilm.count_tokens(TEXTS)
+    # the batch size only groups texts: int8's per-batch activation ranges move a vector a little
+    batched = SentenceTransformerEmbedder(backend="onnx", batch_size=64, cache_dir=onnx_cache)
+    assert cosines(batched.encode(TEXTS), vectors).min() > 0.995
     # fp32 is exact
     exact = SentenceTransformerEmbedder(backend="onnx", precision="fp32", cache_dir=onnx_cache)
     assert cosines(exact.encode(TEXTS), torch_minilm.encode(TEXTS)).min() > 0.9999

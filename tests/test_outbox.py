@@ -186,23 +186,9 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     finds (the commit's cost then follows its own rows, never the backlog)."""
     if tables.dialect.name != "sqlite":
         pytest.skip("a planner choice of SQLite's (PostgreSQL plans with table statistics)")
-    later = outbox.utcnow() + dt.timedelta(days=365)
-    with tables.begin() as conn:
-        conn.execute(
-            sa.insert(outbox.outbox),
-            [
-                {
-                    "table_name": "other",
-                    "column_name": "text",
-                    "row_pk": str(k),
-                    "attempts": 1,
-                    "failures": 1,
-                    "next_attempt_at": later,
-                    "created_at": later,
-                }
-                for k in range(300)
-            ],
-        )
+    with tables.begin() as conn:  # jobs of other rows, due in a year
+        backlog = [JobKey("other", "text", str(k)) for k in range(300)]
+        outbox.enqueue(conn, backlog, hold=365 * 86400, returning=False)
     seen: list[tuple[str, object]] = []
 
     def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:

@@ -328,9 +328,13 @@ def claim(
     """
     now = now or utcnow()
     due = outbox.c.next_attempt_at <= now
+    alive = outbox.c.dead.is_(False)
     if ids is not None:
         due = due | outbox.c.claimed_by.is_(None)
-    base = select(*_COLUMNS).where(outbox.c.dead.is_(False)).where(due).order_by(outbox.c.id)
+        # found by id; with the bare flag SQLite's planner (no statistics) would walk the
+        # due-time index, which starts with it, through every pending job instead
+        alive = func.coalesce(outbox.c.dead, False).is_(False)
+    base = select(*_COLUMNS).where(alive).where(due).order_by(outbox.c.id)
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         base = base.with_for_update(skip_locked=True)
@@ -546,13 +550,15 @@ def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
                 )
             )
             pending.extend(int(i) for i, dead in rows if not dead)
+    buried = 0
     for part in _chunks(pending):
-        conn.execute(
+        result = conn.execute(
             update(outbox)
             .where(outbox.c.id.in_(part))
             .values(dead=True, last_error=error[:2000], claimed_by=None)
         )
-    return len(pending)
+        buried += int(result.rowcount)
+    return buried
 
 
 def requeue_dead(

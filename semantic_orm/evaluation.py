@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from .embedding import encode_queries
 from .exc import ConfigurationError
 from .index import index_for
-from .mapping import row_key
+from .mapping import instance_key, row_key
 from .search import DEFAULT_MODE, SearchHit, SearchMode, SearchOptions, pick_column, semantic_search
 
 __all__ = [
@@ -220,8 +220,7 @@ def load_gold(path: str | Path) -> list[GoldItem]:
 
 
 def _hit_key(hit: SearchHit[Any]) -> str:
-    mapper = inspect(type(hit.obj))
-    return row_key(mapper.primary_key_from_instance(hit.obj))
+    return instance_key(inspect(type(hit.obj)), hit.obj)
 
 
 def _covers(start: int, end: int, span: tuple[int, int], lenient: bool) -> bool:

@@ -99,7 +99,7 @@ from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
 from .index import SemanticIndex, index_for
-from .mapping import SemanticColumn, instance_key, row_key, select_rows, semantic_columns
+from .mapping import SemanticColumn, instance_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
 from .stores.base import (
@@ -955,8 +955,7 @@ def _many_plan(models: Sequence[type[Any]], options: Mapping[str, Any]) -> list[
 
 
 def _many_key(hit: SearchHit[Any], position: int) -> tuple[float, int, tuple[int, float, str], int]:
-    obj = hit.obj
-    pk = row_key(inspect(type(obj)).primary_key_from_instance(obj))
+    pk = instance_key(inspect(type(hit.obj)), hit.obj)
     return (-hit.score, position, pk_order(pk), hit.chunk.index)
 
 

@@ -64,6 +64,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.sql.elements import ColumnElement
 
 __all__ = [
     "CHECKPOINT_TABLE",
@@ -157,6 +158,17 @@ def utcnow() -> dt.datetime:
 def as_utc(value: dt.datetime) -> dt.datetime:
     """A time read from the outbox, timezone-aware (SQLite gives it back naive, in UTC)."""
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def _alive() -> ColumnElement[bool]:
+    """Not dead-lettered, for statements that find jobs by row or by id.
+
+    The due-time index starts with the dead flag, and SQLite's planner (no statistics) takes
+    any equality on it as a reason to walk that index, through every pending job (a retry
+    backlog of 100,000 made each commit's lookups 60x slower); behind ``coalesce`` the flag
+    is no index key, so the row index or the primary key is used.
+    """
+    return func.coalesce(outbox.c.dead, False).is_(False)
 
 
 class JobKey(NamedTuple):
@@ -281,24 +293,20 @@ def _leased_keys(
     """Keys with a live lease on one of their jobs (other than the jobs ``besides``).
 
     Any processor's lease counts, this process's too: two passes never sync one row at once.
-    The rows' jobs are found through the row index and their leases checked here: with the
-    lease conditions in SQL, SQLite's planner (no statistics) walks the due-time index instead,
-    through every job scheduled for later, so a commit's cost grew with the retry backlog.
     """
     busy: set[JobKey] = set()
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
-            stmt = select(
-                outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, outbox.c.next_attempt_at
-            ).where(
+            stmt = select(outbox.c.id, outbox.c.row_pk).where(
                 outbox.c.table_name == table,
                 outbox.c.column_name == column,
                 outbox.c.row_pk.in_(part),
+                outbox.c.claimed_by.is_not(None),
+                outbox.c.next_attempt_at > now,
+                _alive(),
             )
             busy.update(
-                JobKey(table, column, pk)
-                for i, pk, holder, due in conn.execute(stmt)
-                if holder is not None and as_utc(due) > now and i not in besides
+                JobKey(table, column, pk) for i, pk in conn.execute(stmt) if i not in besides
             )
     return busy
 
@@ -328,12 +336,10 @@ def claim(
     """
     now = now or utcnow()
     due = outbox.c.next_attempt_at <= now
-    alive = outbox.c.dead.is_(False)
+    alive: ColumnElement[bool] = outbox.c.dead.is_(False)  # due jobs: by the due-time index
     if ids is not None:
         due = due | outbox.c.claimed_by.is_(None)
-        # found by id; with the bare flag SQLite's planner (no statistics) would walk the
-        # due-time index, which starts with it, through every pending job instead
-        alive = func.coalesce(outbox.c.dead, False).is_(False)
+        alive = _alive()  # found by id
     base = select(*_COLUMNS).where(alive).where(due).order_by(outbox.c.id)
     postgres = conn.dialect.name == "postgresql"
     if postgres:
@@ -539,25 +545,20 @@ def release(conn: Connection, tokens: Sequence[str], *, now: dt.datetime | None 
 
 def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
     """Bury the pending jobs of ``keys`` at once (e.g. their table is no longer mapped)."""
-    pending: list[int] = []
+    buried = 0
     for (table, column), pks in _key_groups(keys).items():
         for part in _chunks(pks):
-            rows = conn.execute(  # through the row index (see _leased_keys), dead or not
-                select(outbox.c.id, outbox.c.dead).where(
+            result = conn.execute(
+                update(outbox)
+                .where(
                     outbox.c.table_name == table,
                     outbox.c.column_name == column,
                     outbox.c.row_pk.in_(part),
+                    _alive(),
                 )
+                .values(dead=True, last_error=error[:2000], claimed_by=None)
             )
-            pending.extend(int(i) for i, dead in rows if not dead)
-    buried = 0
-    for part in _chunks(pending):
-        result = conn.execute(
-            update(outbox)
-            .where(outbox.c.id.in_(part))
-            .values(dead=True, last_error=error[:2000], claimed_by=None)
-        )
-        buried += int(result.rowcount)
+            buried += int(result.rowcount)
     return buried
 
 

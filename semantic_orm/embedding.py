@@ -24,6 +24,7 @@ onnxruntime is installed.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -352,8 +353,9 @@ class SentenceTransformerEmbedder:
         :data:`GPU_BATCH_SIZE` on a GPU (resolving it loads nothing)."""
         if self._batch_size is not None:
             return self._batch_size
-        return GPU_BATCH_SIZE if self.backend[0] == "torch" and self._cuda() else CPU_BATCH_SIZE
+        return GPU_BATCH_SIZE if self.backend[0] == "torch" and self._cuda else CPU_BATCH_SIZE
 
+    @functools.cached_property
     def _cuda(self) -> bool:
         """Whether torch would run on a CUDA device (the one given, or the one it finds)."""
         return (self._device or "").startswith("cuda") or (self._device is None and _gpu_present())
@@ -366,7 +368,7 @@ class SentenceTransformerEmbedder:
         return self._resolved
 
     def _resolve(self) -> tuple[str, str]:
-        cuda = self._cuda()
+        cuda = self._cuda
         backend = self._backend
         if backend == "auto":
             if cuda:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -49,15 +50,18 @@ _YIELD_EVERY = 0.004
 """Seconds of chunking and analysis between two offers of the GIL to other threads (under
 the interpreter's own 5 ms switch interval)."""
 _last_yield = 0.0
+_MAIN = threading.main_thread()
 
 
 def _yield() -> None:
-    """Let other threads run: this work often runs in a worker thread beside an event loop,
-    whose every tick needs the GIL. Offered every few milliseconds, not every row: each offer
-    costs a trip through the scheduler (a tenth of a millisecond on a busy machine)."""
+    """Let other threads run: off the main thread this work usually runs beside an event loop
+    (a task's worker thread, a sync session inside a running loop), whose every tick needs the
+    GIL. Offered every few milliseconds, not every row: each offer is a trip through the
+    scheduler, which on a busy machine can hand the core to another process for a whole time
+    slice. The main thread does not offer: there the interpreter's switch interval is enough."""
     global _last_yield
     now = time.perf_counter()
-    if now - _last_yield >= _YIELD_EVERY:
+    if now - _last_yield >= _YIELD_EVERY and threading.current_thread() is not _MAIN:
         _last_yield = now
         time.sleep(0)
 

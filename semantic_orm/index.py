@@ -27,7 +27,9 @@ The save path, one module per step:
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
    :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
    Jobs that failed are retried in the background after later commits, by a worker, or by
-   :meth:`SemanticIndex.drain`;
+   :meth:`SemanticIndex.drain`. On SQLite a sync commit's finished jobs are deleted by the
+   next commit's transaction, or a moment later (:class:`~semantic_orm.processing.DeferredSettle`),
+   not by a write transaction of their own;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 
@@ -266,6 +268,7 @@ class SemanticIndex:
             token=self.token,
             gate_for=self.gate_for,
             blocked=self._blocked,
+            requeued=self._requeued,
         )
         self._tracker = SessionTracker(
             StagingHooks(
@@ -273,6 +276,8 @@ class SemanticIndex:
                 prepare=self.prepare_outbox,
                 born_leased=self._born_leased,
                 lease=lease,
+                carry=self.processor.later.carry,
+                restore=self.processor.later.give_back,
                 hold=self._hold,
                 on_commit=self._on_commit,
                 begin=self._begin,
@@ -336,6 +341,7 @@ class SemanticIndex:
         if not still:
             self._retry.stop()
             self._retry = _Retrier(self)
+        self.processor.later.flush()  # what its last commits left, while the engines are known
 
     # -- columns and bindings -----------------------------------------------------------------
 
@@ -538,8 +544,9 @@ class SemanticIndex:
     def _sync_commit(self, engine: Engine, staged: Staged) -> None:
         reports: list[ProcessReport] = []
         try:
-            if staged.born:
-                reports.append(self.processor.process(engine, claimed=staged.born))
+            if staged.born:  # deleted by the next commit or a moment later (see settle())
+                defer = not _shared_pool(engine)  # one connection: a timer would wait for it
+                reports.append(self.processor.process(engine, claimed=staged.born, defer=defer))
             rest = _unborn(staged)
             if rest:
                 reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
@@ -547,6 +554,10 @@ class SemanticIndex:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))
         self._retry.poke(engine, first_look=not _troubled(reports))
+
+    def _requeued(self, engine: Engine) -> None:
+        """A deferred settle queued rows again: have the retrier process them."""
+        self._retry.poke(engine)
 
     async def _async_commit(self, engine: Engine, staged: Staged) -> None:
         aengine = self.async_engine(engine)
@@ -599,6 +610,16 @@ class SemanticIndex:
                 found = self._async_engines[engine] = AsyncEngine(engine)
             return found
 
+    def settle(self, bind: Any = None) -> None:
+        """Delete the finished jobs of this process's inline commits now (``bind``'s, or all).
+
+        On SQLite a commit's synced jobs are deleted by the next commit's transaction or a
+        moment later (:class:`~semantic_orm.processing.DeferredSettle`); until then they hold
+        their rows' leases. :meth:`drain`, :meth:`close`, :meth:`uninstall` and the maintenance
+        functions settle first, so that they see the outbox as it is.
+        """
+        self.processor.later.flush(None if bind is None else self.engine_for(bind))
+
     def process(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
         """Process one batch of due jobs; returns what happened."""
         engine = self.engine_for(bind)
@@ -642,6 +663,7 @@ class SemanticIndex:
             expired = deadline is not None and time.monotonic() > deadline
             if report.claimed and not expired:
                 continue
+            self.processor.later.flush(engine)  # see settle()
             with engine.connect() as conn:
                 due = (
                     outbox.next_due(conn) if inspect(conn).has_table(outbox.OUTBOX_TABLE) else None
@@ -694,7 +716,9 @@ class SemanticIndex:
             await asyncio.sleep(min(max(wait, 0.01), 0.25))
 
     def close(self) -> None:
-        """Stop background retries and close the vector store."""
+        """Delete the finished jobs of inline commits, stop background retries and close the
+        vector store."""
+        self.processor.later.close()
         self._retry.stop()
         self.store.close()
 

@@ -78,6 +78,13 @@ class _NoBar:
         """Nothing to show."""
 
 
+def _engine(index: SemanticIndex, bind: Any) -> Engine:
+    """``bind``'s engine, with this process's finished jobs settled: the outbox as it is."""
+    engine = index.engine_for(bind)
+    index.settle(engine)
+    return engine
+
+
 def _bar(total: int | None, label: str, progress: bool | TextIO, *, enabled: bool = True) -> Any:
     """A tqdm progress bar (a context manager) on stderr, or on ``progress`` if it is a stream."""
     if progress is False or not enabled:
@@ -142,8 +149,8 @@ def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progre
                 bar.update(report.done)
             if report.claimed:
                 continue
-            with engine.connect() as conn:
-                if not outbox.leased(conn):
+            with engine.connect() as conn:  # a lease may end between the pass and this look
+                if not outbox.leased(conn) and not outbox.has_due(conn):
                     break
             time.sleep(0.05)
 
@@ -173,7 +180,7 @@ def reindex(
         The number of jobs queued.
     """
     columns = _columns(model)
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     queued = 0
     for col in columns:
         binding = index.binding_for(col)
@@ -260,7 +267,7 @@ def reconcile(
     Returns:
         One report per column.
     """
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     columns = _columns(model) if model is not None else _present(index, engine)
     with engine.begin() as conn:
         index.prepare_outbox(conn)
@@ -418,7 +425,7 @@ def status(
     index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
 ) -> list[ColumnStatus]:
     """Rows, indexed rows, pending, retrying and dead jobs, lag, drift and errors per column."""
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     out: list[ColumnStatus] = []
     inspector = inspect(engine)
     with engine.connect() as conn:
@@ -461,7 +468,7 @@ def unmapped_jobs(
     index: SemanticIndex, bind: Engine | sessionmaker[Any] | None = None
 ) -> dict[tuple[str, str], int]:
     """Pending jobs naming a table and column that no model this index knows maps."""
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     if not inspect(engine).has_table(outbox.OUTBOX_TABLE):
         return {}
     with engine.connect() as conn:
@@ -546,7 +553,7 @@ def rebuild(
         SyncError: The store or the embedder failed (run again to resume).
     """
     columns = _columns(model, column)
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     reports: list[RebuildReport] = []
     for col in columns:
         binding = index.binding_for(col)
@@ -708,7 +715,7 @@ def gc(
             "orphaned): set SemanticIndex(collection_prefix=...), or pass force=True (--force) "
             "if this server holds only this application's collections"
         )
-    engine = index.engine_for(bind)
+    engine = _engine(index, bind)
     known = {index.binding_for(c).collection: c for c in columns}
     inspector = inspect(engine)
     found: list[Orphan] = []

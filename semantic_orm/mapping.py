@@ -210,8 +210,7 @@ def _select_by_key(model: type[Any]) -> Select[Any]:
     """``SELECT model WHERE pk IN (:semantic_orm_keys)``, built once per model."""
     stmt = _by_key.get(model)
     if stmt is None:
-        pk = inspect(model).primary_key
-        stmt = _by_key[model] = select(model).where(pk[0].in_(bindparam(_KEYS, expanding=True)))
+        stmt = _by_key[model] = select(model).where(keys_in(inspect(model)))
     return stmt
 
 
@@ -224,8 +223,19 @@ def select_rows(
     parameter takes the keys), so loading rows costs no statement construction.
     """
     if len(mapper.primary_key) == 1:
-        return _select_by_key(model), {_KEYS: [key_values(mapper, k)[0] for k in keys]}
+        return _select_by_key(model), key_params(mapper, keys)
     return select(model).where(pk_in(mapper, keys)), {}
+
+
+def keys_in(mapper: Mapper[Any]) -> ColumnElement[bool]:
+    """``pk IN (:semantic_orm_keys)`` for a one-column primary key (see :func:`key_params`):
+    a criterion to build a statement once with, whatever the keys."""
+    return mapper.primary_key[0].in_(bindparam(_KEYS, expanding=True))
+
+
+def key_params(mapper: Mapper[Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The parameters of :func:`keys_in` naming ``keys``."""
+    return {_KEYS: [key_values(mapper, k)[0] for k in keys]}
 
 
 def rows_page(

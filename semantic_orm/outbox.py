@@ -212,6 +212,37 @@ def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+# The statements every commit runs, built once: constructing a statement costs more than
+# running it on SQLite (a commit of one row ran six of them). Keys and ids go in expanding
+# parameters, so the compiled form is cached too.
+_OF_ROWS = (
+    outbox.c.table_name == bindparam("table"),
+    outbox.c.column_name == bindparam("column"),
+    outbox.c.row_pk.in_(bindparam("pks", expanding=True)),
+)
+_LEASED = select(outbox.c.id, outbox.c.row_pk).where(
+    *_OF_ROWS,
+    outbox.c.claimed_by.is_not(None),
+    outbox.c.next_attempt_at > bindparam("now"),
+    _alive(),
+)
+_SUPERSEDED = select(outbox.c.id, outbox.c.row_pk).where(
+    *_OF_ROWS,
+    outbox.c.dead.is_(True)
+    | outbox.c.claimed_by.is_(None)
+    | (outbox.c.next_attempt_at <= bindparam("now")),
+)
+_DELETE = delete(outbox).where(outbox.c.id.in_(bindparam("ids", expanding=True)))
+_DELETE_MINE = (
+    delete(outbox)
+    .where(
+        outbox.c.id.in_(bindparam("ids", expanding=True)), outbox.c.claimed_by == bindparam("token")
+    )
+    .returning(outbox.c.id)
+)
+_INSERT = insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True)
+
+
 def enqueue(
     conn: Connection,
     keys: Iterable[JobKey | tuple[str, str, str]],
@@ -261,10 +292,9 @@ def enqueue(
     if not returning:
         conn.execute(insert(outbox), values)
         return jobs
-    stmt = insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True)
     for start in range(0, len(values), 1000):
         part = values[start : start + 1000]
-        ids = conn.execute(stmt, part).scalars().all()
+        ids = conn.execute(_INSERT, part).scalars().all()
         jobs.extend(
             Job(int(i), key, claimed_by=None if key in busy else claimed_by)
             for i, key in zip(ids, rows[start : start + 1000], strict=True)
@@ -297,17 +327,10 @@ def _leased_keys(
     busy: set[JobKey] = set()
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
-            stmt = select(outbox.c.id, outbox.c.row_pk).where(
-                outbox.c.table_name == table,
-                outbox.c.column_name == column,
-                outbox.c.row_pk.in_(part),
-                outbox.c.claimed_by.is_not(None),
-                outbox.c.next_attempt_at > now,
-                _alive(),
+            found = conn.execute(
+                _LEASED, {"table": table, "column": column, "pks": list(part), "now": now}
             )
-            busy.update(
-                JobKey(table, column, pk) for i, pk in conn.execute(stmt) if i not in besides
-            )
+            busy.update(JobKey(table, column, pk) for i, pk in found if i not in besides)
     return busy
 
 
@@ -412,14 +435,7 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     for (table, column), pks in by_column.items():
         for part in _chunks(pks):
             rows = conn.execute(
-                select(outbox.c.id, outbox.c.row_pk).where(
-                    outbox.c.table_name == table,
-                    outbox.c.column_name == column,
-                    outbox.c.row_pk.in_(part),
-                    outbox.c.dead.is_(True)
-                    | outbox.c.claimed_by.is_(None)
-                    | (outbox.c.next_attempt_at <= now),
-                )
+                _SUPERSEDED, {"table": table, "column": column, "pks": list(part), "now": now}
             )
             older.extend(
                 int(i)
@@ -427,14 +443,10 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
                 if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed
             )
     for part in _chunks(older):
-        conn.execute(delete(outbox).where(outbox.c.id.in_(part)))
+        conn.execute(_DELETE, {"ids": list(part)})
     gone: set[int] = set()
     for part in _chunks(ids):
-        result = conn.execute(
-            delete(outbox)
-            .where(outbox.c.id.in_(part), outbox.c.claimed_by == token)
-            .returning(outbox.c.id)
-        )
+        result = conn.execute(_DELETE_MINE, {"ids": list(part), "token": token})
         gone.update(int(i) for i in result.scalars())
     return sorted({job.key for job in jobs if job.id not in gone})
 

@@ -13,6 +13,12 @@ A :class:`Processor` pass over one database:
    record failures with their backoff, queue again the rows whose lease was lost, and remove
    the points of rows whose job was dead-lettered, so the store holds only current text.
 
+An inline commit's jobs that all succeeded may be settled later instead (``defer=True``, see
+:class:`DeferredSettle`): the next commit on the same database deletes them in its own
+transaction (no transaction of their own), else a timer does a moment later. Until then they
+stay leased to this processor, so no one else syncs those rows again; if the process dies
+first, the leases expire and a later pass syncs the rows once more (it finds them up to date).
+
 No transaction stays open while the model embeds. On SQLite each short write takes the
 :class:`~semantic_orm.gate.WriteGate` of its engine, waiting for the application's open
 transactions in this process, and takes SQLite's write lock with its first statement, so it
@@ -25,15 +31,18 @@ would be theirs.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import functools
 import logging
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, Select, select
 from sqlalchemy.orm import Session
 
 from . import outbox
@@ -42,15 +51,19 @@ from .binding import ColumnBinding
 from .exc import ConfigurationError, is_transient
 from .filtering import FilterField, row_fields
 from .gate import WriteGate
-from .mapping import SemanticColumn, pk_in, row_key
+from .mapping import SemanticColumn, key_params, keys_in, pk_in, row_key
 from .outbox import Job, JobKey
 
-__all__ = ["ProcessReport", "Processor", "RetryPolicy", "read_values"]
+__all__ = ["DeferredSettle", "ProcessReport", "Processor", "RetryPolicy", "read_values"]
 
 log = logging.getLogger("semantic_orm")
 
 SWEEP = 60.0
 """Seconds between two looks for the leases of processes of this host that died."""
+
+SETTLE_DELAY = 0.25
+"""Seconds an inline commit's finished jobs wait for a later commit to delete them, before a
+timer deletes them in a transaction of its own."""
 
 Resolve = Callable[[str, str], ColumnBinding | None]
 """Maps a job's ``(table, column)`` to the binding that syncs it (``None``: not mapped here)."""
@@ -120,19 +133,32 @@ def read_values(
     """``column``'s current value (and ``fields``') for each row key in ``pks`` that exists,
     500 keys a query."""
     mapper = column.mapper
-    cls = column.mapped_class
-    keys = [getattr(cls, mapper.get_property_by_column(c).key) for c in mapper.primary_key]
-    extra = [getattr(cls, f.name) for f in fields]
-    n = len(keys)
+    single = len(mapper.primary_key) == 1
+    n = len(mapper.primary_key)
     values: dict[str, RowValue] = {}
     for start in range(0, len(pks), 500):
-        stmt = select(*keys, getattr(cls, column.key), *extra).where(
-            pk_in(mapper, list(pks[start : start + 500]))
-        )
-        for row in session.execute(stmt):
+        part = list(pks[start : start + 500])
+        if single:  # built once per column and fields: a sync of one row runs it too
+            stmt, params = _read_statement(column, tuple(fields)), key_params(mapper, part)
+        else:
+            stmt, params = _columns_of(column, fields).where(pk_in(mapper, part)), {}
+        for row in session.execute(stmt, params):
             cells = tuple(row)
             values[row_key(cells[:n])] = RowValue(cells[n], row_fields(fields, cells[n + 1 :]))
     return values
+
+
+def _columns_of(column: SemanticColumn, fields: Sequence[FilterField]) -> Select[Any]:
+    """``SELECT`` the primary key, ``column`` and ``fields`` of ``column``'s model."""
+    mapper = column.mapper
+    cls = column.mapped_class
+    keys = [getattr(cls, mapper.get_property_by_column(c).key) for c in mapper.primary_key]
+    return select(*keys, getattr(cls, column.key), *(getattr(cls, f.name) for f in fields))
+
+
+@functools.lru_cache(maxsize=256)
+def _read_statement(column: SemanticColumn, fields: tuple[FilterField, ...]) -> Select[Any]:
+    return _columns_of(column, fields).where(keys_in(column.mapper))
 
 
 class Processor:
@@ -146,6 +172,8 @@ class Processor:
         gate_for: The write gate of a SQLite engine (``None`` for other databases).
         blocked: Whether using an engine now would run on someone's open transaction (a pool
             that hands every caller the same driver connection).
+        requeued: Called with an engine where a deferred settle queued rows again (their lease
+            was lost): someone should process its due jobs soon.
     """
 
     def __init__(
@@ -157,6 +185,7 @@ class Processor:
         token: str,
         gate_for: Callable[[Engine], WriteGate | None],
         blocked: Callable[[Engine], bool],
+        requeued: Callable[[Engine], None] = lambda engine: None,
     ) -> None:
         self.resolve = resolve
         self.applier = applier
@@ -165,6 +194,8 @@ class Processor:
         self.gate_for = gate_for
         self.blocked = blocked
         self._swept: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
+        self.later = DeferredSettle(self, requeued)
+        """Finished jobs of inline commits that are not deleted yet."""
 
     @contextlib.contextmanager
     def writing(self, engine: Engine) -> Iterator[Connection]:
@@ -197,12 +228,14 @@ class Processor:
         limit: int = 256,
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
+        defer: bool = False,
     ) -> ProcessReport:
         """One pass: claim due jobs (or those among ``ids``), sync their rows, settle them.
 
         ``claimed`` are jobs this processor already holds (born leased to its token), synced
-        without a claim transaction. Never raises for a job's failure; raises only if the
-        database itself fails.
+        without a claim transaction; with ``defer``, if every one of them succeeds they are
+        settled later (:attr:`later`), not in a transaction of their own. Never raises for a
+        job's failure; raises only if the database itself fails.
         """
         run = _Pass(self)
         try:
@@ -224,9 +257,13 @@ class Processor:
                 with engine.connect() as conn:
                     run.read(conn)
                 run.apply()
-                with self.writing(engine) as conn:
-                    run.settle(conn)
-                run.forget()
+                if defer and not run.failed:
+                    run.report.done = len(run.jobs)
+                    self.later.add(engine, run.jobs)
+                else:
+                    with self.writing(engine) as conn:
+                        run.settle(conn)
+                    run.forget()
         except Blocked:
             run.report.blocked = True
         return run.report
@@ -276,6 +313,145 @@ class Processor:
             return False
         self._swept[engine] = time.monotonic()
         return True
+
+
+class DeferredSettle:
+    """Finished jobs of inline commits, deleted later and together (see the module docstring).
+
+    A commit's jobs are synced right after it; deleting them takes another write transaction
+    (on SQLite, another commit to disk). Instead they wait here, still leased: the next flush of
+    an installed session on the same database deletes them in its own transaction
+    (:meth:`carry`, given back with :meth:`give_back` if that transaction does not commit), and
+    a timer deletes what is left :data:`SETTLE_DELAY` seconds after the first of them
+    (:meth:`flush`, in one short transaction per database).
+
+    Args:
+        processor: Whose jobs these are (its token holds their leases).
+        requeued: Called with an engine where rows were queued again (a lost lease).
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        requeued: Callable[[Engine], None],
+        delay: float = SETTLE_DELAY,
+    ) -> None:
+        self.processor = processor
+        self.requeued = requeued
+        self.delay = delay
+        self._jobs: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        _deferred.add(self)
+
+    def add(self, engine: Engine, jobs: Sequence[Job]) -> None:
+        """Keep ``engine``'s finished ``jobs`` for a later settle (settled at once once
+        :meth:`close` was called)."""
+        if self._keep(engine, jobs):
+            self.flush(engine)
+
+    def give_back(self, engine: Engine, jobs: Sequence[Job]) -> None:
+        """Return jobs taken by :meth:`carry` whose transaction did not commit."""
+        self._keep(engine, jobs)
+
+    def _keep(self, engine: Engine, jobs: Sequence[Job]) -> bool:
+        """Store ``jobs`` and arm the timer; whether the caller must settle them itself (closed)."""
+        if not jobs:
+            return False
+        with self._lock:
+            self._jobs.setdefault(engine, []).extend(jobs)
+            if self._closed:
+                return True
+            if self._timer is None:
+                self._timer = threading.Timer(self.delay, self._due)
+                self._timer.daemon = True
+                self._timer.start()
+        return False
+
+    def take(self, engine: Engine) -> list[Job]:
+        """Remove and return ``engine``'s waiting jobs."""
+        with self._lock:
+            return self._jobs.pop(engine, [])
+
+    def carry(self, conn: Connection) -> tuple[list[Job], list[JobKey]]:
+        """Delete the waiting jobs of ``conn``'s database in its open transaction.
+
+        Returns:
+            The jobs deleted (to :meth:`give_back` if the transaction does not commit) and the
+            keys whose lease was lost (the caller queues them again in the same transaction).
+            Never raises: on an error the jobs wait for the timer.
+        """
+        engine = conn.engine
+        jobs = self.take(engine)
+        if not jobs:
+            return [], []
+        try:
+            lost = outbox.settle_done(conn, jobs, token=self.processor.token)
+        except Exception:  # the timer settles them in a transaction of its own
+            log.debug("semantic_orm: settling finished jobs in a commit failed", exc_info=True)
+            self.give_back(engine, jobs)
+            return [], []
+        return jobs, lost
+
+    def flush(self, engine: Engine | None = None) -> None:
+        """Delete the waiting jobs now (``engine``'s, or every database's), each database's in
+        one short transaction. Never raises: jobs that cannot be settled keep their lease
+        until it expires, and a later pass syncs their rows again."""
+        with self._lock:
+            engines = [engine] if engine is not None else list(self._jobs)
+        for each in engines:
+            jobs = self.take(each)
+            if not jobs:
+                continue
+            try:
+                with self.processor.writing(each) as conn:
+                    lost = outbox.settle_done(conn, jobs, token=self.processor.token)
+                    if lost:
+                        outbox.enqueue(conn, lost)
+            except Blocked:  # a session holds the only connection: later (or at expiry)
+                self._keep(each, jobs)
+                continue
+            except Exception as exc:
+                log.warning(
+                    "semantic_orm: could not settle %d finished jobs (%s); their rows are "
+                    "synced again when the leases expire",
+                    len(jobs),
+                    exc,
+                )
+                continue
+            if lost:
+                self.requeued(each)
+        with self._lock:  # nothing left to wait for: no timer either
+            timer = self._timer if not self._jobs else None
+            if timer is not None:
+                self._timer = None
+        if timer is not None:
+            timer.cancel()
+
+    def _due(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.flush()
+
+    def close(self) -> None:
+        """Settle what waits, and settle at once from now on."""
+        with self._lock:
+            self._closed = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        self.flush()
+
+
+_deferred: weakref.WeakSet[DeferredSettle] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    """Settle the finished jobs still waiting when the interpreter exits (best effort)."""
+    for deferred in list(_deferred):
+        deferred.flush()
 
 
 def _lock_first(conn: Connection) -> None:

@@ -63,12 +63,16 @@ class Staged:
     ids: list[int] = field(default_factory=list)
     born: list[Job] = field(default_factory=list)
     """Jobs born leased to this process's processor (synced without a claim)."""
+    carried: list[Job] = field(default_factory=list)
+    """Finished jobs of earlier commits that this transaction deletes (given back if it does
+    not commit)."""
 
     def merge(self, other: Staged) -> None:
         """Add ``other``'s jobs (a released savepoint's)."""
         self.keys |= other.keys
         self.ids.extend(other.ids)
         self.born.extend(other.born)
+        self.carried.extend(other.carried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,10 @@ class StagingHooks:
         prepare: Called with each connection a session begins (create the outbox if needed).
         born_leased: The token to lease a connection's new jobs to at birth, or ``None``.
         lease: Seconds a birth lease lasts.
+        carry: Called, where new jobs are born leased, with the connection of a root
+            transaction's flush: deletes the finished jobs of earlier commits in it; returns
+            them and the keys to queue again (their lease was lost).
+        restore: Called with the jobs ``carry`` deleted in a transaction that did not commit.
         hold: Seconds a connection's new unleased jobs wait before workers may take them (the
             committing process syncs them meanwhile).
         on_commit: Called with the engine and what it staged once a durable root commit has
@@ -94,6 +102,8 @@ class StagingHooks:
     prepare: Callable[[Connection], None]
     born_leased: Callable[[Connection], str | None]
     lease: float
+    carry: Callable[[Connection], tuple[list[Job], list[JobKey]]]
+    restore: Callable[[Engine, list[Job]], None]
     hold: Callable[[Connection], float]
     on_commit: Callable[[Engine, Staged], None]
     begin: Callable[[Engine, Connection, bool], None]
@@ -215,8 +225,10 @@ class SessionTracker:
         committed root's jobs over once its connections are back in the pool."""
         session.info.pop(_FLUSHING, None)
         staged = session.info.get(_STAGED)
-        if staged:
-            staged.pop(trans, None)
+        left = staged.pop(trans, None) if staged else None
+        for engine, part in (left or {}).items():  # not committed: its deletions are undone
+            if part.carried:
+                self.hooks.restore(engine, part.carried)
         if trans.parent is None and not trans.nested:
             for engine, (conn, joined) in session.info.pop(_CONNECTIONS, {}).items():
                 self.hooks.end(engine, conn, joined)
@@ -302,6 +314,11 @@ class SessionTracker:
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
+        carried: list[Job] = []
+        if token is not None and not owner.nested:  # earlier commits' finished jobs go too
+            carried, lost = self.hooks.carry(conn)
+            if lost:
+                keys = [*keys, *(k for k in dict.fromkeys(lost) if k not in keys)]
         jobs = outbox.enqueue(
             conn,
             keys,
@@ -311,6 +328,7 @@ class SessionTracker:
             returning=bool(token or hold),  # ids only matter to an inline sync
         )
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
+        part.carried.extend(carried)
         part.keys.update(keys)
         part.ids.extend(job.id for job in jobs)
         part.born.extend(job for job in jobs if token is not None and job.claimed_by == token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,6 +38,21 @@ def jobs(engine: Engine) -> list[dict[str, Any]]:
 def pending(engine: Engine) -> list[dict[str, Any]]:
     """Outbox rows that are not dead-lettered."""
     return [j for j in jobs(engine) if not j["dead"]]
+
+
+def settled(engine: Engine, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The outbox rows once the finished jobs of inline commits are deleted.
+
+    On SQLite those are deleted by the next commit, or a moment after theirs by a timer
+    (``DeferredSettle``), not by the commit's own sync: wait (at most ``timeout`` s) for the
+    outbox to empty, and return what is left.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = jobs(engine)
+        if not rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.02)
 
 
 def payloads(store: Any, pk: Any, collection: str = COLL) -> list[dict[str, Any]]:

@@ -28,9 +28,9 @@ from .helpers import (
     COLL,
     LONG,
     jobs,
-    pending,
     points_of,
     pysqlite_recipe,
+    settled,
 )
 from .models import Article, Base, Note
 
@@ -103,7 +103,7 @@ def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) 
         assert failures[0]["pks"] == [str(art.id)]
         flaky.down = False
         idx.drain(engine, timeout=10)
-    assert jobs(engine) == []
+    assert settled(engine) == []
     assert len(points_of(idx, art.id)) > 1
     with factory() as s:
         (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
@@ -124,7 +124,7 @@ def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(
         flaky.down = False
         art.content = "newest content"
         s.commit()
-    assert jobs(engine) == []
+    assert settled(engine) == []
     (only,) = points_of(idx, art.id)
     assert only["end_offset"] == len("newest content")
 
@@ -180,7 +180,7 @@ def test_joined_external_transaction_on_a_server(engine: Engine, store: Any) -> 
     outer.rollback()
     conn.close()
     idx.drain(engine, timeout=10)
-    assert store.count(COLL) == 0 and jobs(engine) == []
+    assert store.count(COLL) == 0 and settled(engine) == []
     idx.uninstall(factory)
 
 
@@ -226,7 +226,7 @@ def test_per_model_binds(tmp_path: Any, pg_url: Any, store: Any) -> None:
         s.add(Article(id=1, title="t", content="an article"))
         s.add(Note(slug="n", summary="a note", body="its body"))
         s.commit()
-    assert jobs(first) == [] and jobs(second) == []
+    assert settled(first) == [] and settled(second) == []
     assert store.count(COLL) == 1 and store.count("note__body") == 1
     idx.uninstall(factory)
 
@@ -237,7 +237,7 @@ def test_inline_commit_of_many_rows(installed: Any) -> None:
         s.add_all(Article(id=i, title="t", content=f"row number {i}") for i in range(1, 1501))
         s.commit()
     engine = factory.kw["bind"]
-    assert pending(engine) == []
+    assert settled(engine) == []
     assert idx.store.count(COLL) == 1500
 
 
@@ -253,5 +253,5 @@ def test_inline_mode_retries_by_itself(installed: Any) -> None:
     deadline = time.monotonic() + 20
     while jobs(engine) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert jobs(engine) == []  # no worker, no drain, no later commit
+    assert settled(engine) == []  # no worker, no drain, no later commit
     assert idx.store.count(COLL) == 1

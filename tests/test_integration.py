@@ -22,6 +22,7 @@ from semantic_orm import (
 from semantic_orm.normalizing import Normalizer
 from semantic_orm.testing import HashEmbedder
 
+from .helpers import settled
 from .models import Article, Base, Wide
 
 CORPUS = {
@@ -127,6 +128,7 @@ def test_switching_models_on_an_existing_collection_is_refused(
     with RealSession() as s:
         s.add(Article(title="t", content=CORPUS["bread"]))
         s.commit()
+    assert settled(engine) == []
     if hasattr(store, "_known"):
         store._known.clear()  # as a new process would see it
     other = SemanticIndex(store=store, embedder=HashEmbedder(dimension=64, name="hash-64"))

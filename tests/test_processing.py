@@ -41,7 +41,9 @@ from .helpers import (
     assert_index_matches_database,
     jobs,
     payloads,
+    points_of,
     pysqlite_recipe,
+    settled,
 )
 from .models import Article, Base
 
@@ -179,6 +181,87 @@ print("not reached")
     store.close()
 
 
+def test_an_inline_commits_finished_jobs_go_with_the_next_commit_or_a_moment_later(
+    tables: Engine, installed: Any
+) -> None:
+    """On SQLite a commit's synced jobs are not deleted by a transaction of their own: the next
+    flush deletes them in its transaction (undone with it on a rollback), else a timer does."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0  # no timer inside this test
+    first, second = "first text about rivers", "second text about lakes"
+    with factory() as s:
+        s.add(Article(id=1, title="t", content=first))
+        s.commit()
+        (job,) = jobs(tables)  # synced (below), still leased until deleted
+        assert job["claimed_by"] == idx.token and job["row_pk"] == "1"
+        assert [p["end_offset"] for p in points_of(idx, 1)] == [len(first)]
+        art = s.get(Article, 1)
+        assert art is not None
+        art.content = second
+        s.commit()  # the same row again: its first job is gone, so this one is born leased
+        (job,) = jobs(tables)
+        assert job["claimed_by"] == idx.token
+        assert [p["end_offset"] for p in points_of(idx, 1)] == [len(second)]  # synced inline
+    with factory() as s:
+        s.add(Article(id=2, title="t", content="never committed"))
+        s.flush()  # deletes the finished job in this transaction...
+        s.rollback()  # ...and the rollback brings it back
+    assert len(jobs(tables)) == 1
+    idx.settle()  # the job was handed back, so it is deleted after all
+    assert jobs(tables) == []
+    idx.processor.later.delay = 0.05
+    with factory() as s:
+        s.add(Article(id=3, title="t", content="a third row"))
+        s.commit()
+    assert settled(tables) == []  # no later commit, no worker, no drain: the timer
+    assert assert_index_matches_database(tables, idx.store) == 2
+
+
+def test_sigkill_before_finished_jobs_are_deleted_loses_nothing(
+    tables: Engine, tmp_path: Path
+) -> None:
+    """A process dies after its commit synced but before the jobs were deleted: another
+    process takes the dead leases over, finds the rows up to date, and empties the outbox."""
+    vectors = tmp_path / "vectors"
+    url = tables.url.render_as_string(hide_password=False)
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
+from semantic_orm import EdgeStore, SemanticIndex
+from semantic_orm.testing import HashEmbedder
+from tests.models import Article
+
+engine = create_engine({url!r})
+index = SemanticIndex(store=EdgeStore({str(vectors)!r}), embedder=HashEmbedder())
+index.processor.later.delay = 600
+Session = sessionmaker(engine)
+index.install(Session)
+with Session() as s:
+    s.add_all(Article(title=f"r{{i}}", content=f"row {{i}} about lakes") for i in range(3))
+    s.commit()
+index.store.close()
+print("synced", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert b"synced" in done.stdout
+    left = jobs(tables)
+    if tables.dialect.name == "sqlite":  # born leased, synced, not deleted yet
+        assert len(left) == 3 and all(j["claimed_by"] for j in left)
+    store = EdgeStore(vectors)
+    assert store.count(COLL) == 3
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    idx.drain(tables, timeout=30)
+    assert jobs(tables) == []
+    assert assert_index_matches_database(tables, store) == 3
+    store.close()
+
+
 def test_concurrent_writers_and_workers_converge(postgresql_url: Any, tmp_path: Path) -> None:
     """Writers update and delete the same rows in random order while two workers drain."""
     from sqlalchemy import create_engine
@@ -235,7 +318,7 @@ def test_concurrent_writers_and_workers_converge(postgresql_url: Any, tmp_path: 
         for w in workers:
             w.stop()
     assert sum(w.processed for w in workers) > 0
-    assert jobs(engine) == []
+    assert settled(engine) == []
     assert assert_index_matches_database(engine, store) > 0
     store.close()
     engine.dispose()
@@ -367,7 +450,7 @@ def test_only_permanent_failures_count_towards_dead_letters(installed: Any) -> N
     assert job["attempts"] == 5 and job["failures"] == 1 and not job["dead"]
     idx.store.reject = False
     idx.drain(engine, timeout=10)
-    assert jobs(engine) == [] and idx.store.count(COLL) == 1
+    assert settled(engine) == [] and idx.store.count(COLL) == 1
 
 
 def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
@@ -387,5 +470,5 @@ def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
         assert payloads(idx.store, 1) == []  # the old text's points are gone
         art.content = "healthy again"
         s.commit()
-    assert jobs(engine) == []  # the later success cleared the dead job
+    assert settled(engine) == []  # the later success cleared the dead job
     assert_index_matches_database(engine, idx.store)

@@ -22,7 +22,15 @@ from semantic_orm import (
 )
 from semantic_orm.testing import HashEmbedder
 
-from .helpers import COLL, LONG, assert_index_matches_database, jobs, payloads, pending, points_of
+from .helpers import (
+    COLL,
+    LONG,
+    assert_index_matches_database,
+    jobs,
+    payloads,
+    points_of,
+    settled,
+)
 from .models import Article, Note, Plain, Translation
 
 
@@ -126,7 +134,7 @@ def test_rollback_sends_nothing(
         s.rollback()
         s.commit()
     assert index.store.count(COLL) == 0
-    assert jobs(engine) == []
+    assert settled(engine) == []
 
 
 def test_exception_inside_begin_sends_nothing(
@@ -138,7 +146,7 @@ def test_exception_inside_begin_sends_nothing(
             s.flush()
             raise KeyError("boom")
     assert index.store.count(COLL) == 0
-    assert jobs(engine) == []
+    assert settled(engine) == []
 
 
 def test_savepoint_rollback_drops_only_its_own_changes(
@@ -166,7 +174,7 @@ def test_savepoint_rollback_drops_only_its_own_changes(
     assert only["end_offset"] == len("kept text about rivers")
     (only,) = points_of(index, released.id)
     assert only["end_offset"] == len("released text about lakes")
-    assert jobs(engine) == []
+    assert settled(engine) == []
 
 
 def test_released_savepoint_then_root_rollback_sends_nothing(
@@ -180,7 +188,7 @@ def test_released_savepoint_then_root_rollback_sends_nothing(
         s.rollback()
         assert s.query(Article).count() == 0
     assert index.store.count(COLL) == 0
-    assert jobs(engine) == []
+    assert settled(engine) == []
 
 
 def test_non_string_value_fails_at_flush_naming_model_and_column(
@@ -279,7 +287,7 @@ def test_bulk_update_and_delete_statements_enqueue_jobs(installed: Any) -> None:
         s.execute(update(Article).where(Article.id == 104).values(title="title only"))
         assert [j for j in jobs(engine) if j["row_pk"] == "104"] == []  # no semantic change
         s.commit()
-    assert jobs(engine) == []
+    assert settled(engine) == []
     assert assert_index_matches_database(engine, idx.store) == 6
 
 
@@ -291,7 +299,7 @@ def test_bulk_update_that_changes_the_primary_key_moves_the_points(installed: An
         s.execute(update(Article).where(Article.id == 1).values(id=2))
         s.execute(update(Article).where(Article.id == 3).values(id=Article.id + 10))
         s.commit()
-    assert pending(factory.kw["bind"]) == []
+    assert settled(factory.kw["bind"]) == []
     assert payloads(idx.store, 1) == [] and payloads(idx.store, 3) == []
     assert [p["pk"] for p in payloads(idx.store, 2)] == ["2"]
     assert [p["pk"] for p in payloads(idx.store, 13)] == ["13"]
@@ -314,7 +322,7 @@ def test_legacy_bulk_methods_are_synced(installed: Any) -> None:
         s.bulk_save_objects([obj])
         s.commit()
     engine = factory.kw["bind"]
-    assert pending(engine) == []
+    assert settled(engine) == []
     assert assert_index_matches_database(engine, idx.store) >= 3
     hit = Article.semantic_search(factory(), "changed", limit=1, mode="keyword", index=idx)
     assert hit[0].obj.id == 105
@@ -337,7 +345,7 @@ def test_core_statements_through_the_session_are_synced(installed: Any) -> None:
         )
         s.commit()
     engine = factory.kw["bind"]
-    assert pending(engine) == []
+    assert settled(engine) == []
     assert payloads(idx.store, 3) == []
     assert assert_index_matches_database(engine, idx.store) == 3
 

@@ -150,17 +150,41 @@ def tokenize(text: str) -> Iterator[str]:
             yield from _bigrams(run.group())
         text = _RUN_RE.sub(" ", text)
     for match in _WORD_RE.finditer(text):
-        token = _fold(match.group())
-        parts = re.split(r"[-']", token)
-        if len(parts) > 1:
-            yield token
-        for part in parts:
-            if part and part not in _STOPWORDS:
-                yield _stem(part)
+        yield from _word_terms(match.group())
 
 
 def _index(term: str) -> int:
     return zlib.crc32(term.encode("utf-8")) & 0x7FFFFFFF
+
+
+def _word_terms(word: str) -> Iterator[str]:
+    """The index terms of one word of :func:`tokenize` (folded, split at ``-'``, stemmed)."""
+    token = _fold(word)
+    parts = _SPLIT_RE.split(token) if "-" in token or "'" in token else (token,)
+    if len(parts) > 1:
+        yield token
+    for part in parts:
+        if part and part not in _STOPWORDS:
+            yield _stem(part)
+
+
+_SPLIT_RE = re.compile(r"[-']")
+_WORDS_KEPT = 1 << 17
+_words: dict[str, tuple[tuple[int, float], ...]] = {}
+"""Each word seen lately, with its terms' dimensions and lengths: a text repeats its words, and
+a corpus its vocabulary, so most words are analysed once (bounded: cleared when full)."""
+
+
+def _word_counts(word: str) -> tuple[tuple[int, float], ...]:
+    found = _words.get(word)
+    if found is None:
+        found = tuple(
+            (_index(t), BIGRAM_LENGTH if _RUN_RE.match(t) else 1.0) for t in _word_terms(word)
+        )
+        if len(_words) >= _WORDS_KEPT:
+            _words.clear()
+        _words[word] = found
+    return found
 
 
 class KeywordAnalyzer:
@@ -216,15 +240,8 @@ class KeywordAnalyzer:
 
     def counts(self, text: str) -> tuple[Counter[int], float]:
         """Each term's dimension and count in ``text``, and the text's length in words."""
-        if self.language is None:
-            counts: Counter[int] = Counter()
-            length = 0.0
-            for term in tokenize(text):
-                counts[_index(term)] += 1
-                length += BIGRAM_LENGTH if _RUN_RE.match(term) else 1.0
-            return counts, length
         words = _prepare(text)
-        counts = Counter()
+        counts: Counter[int] = Counter()
         length = 0.0
         if _RUN_RE.search(words):
             for run in _RUN_RE.finditer(words):
@@ -232,6 +249,12 @@ class KeywordAnalyzer:
                     counts[_index(term)] += 1
                     length += BIGRAM_LENGTH
             words = _RUN_RE.sub(" ", words)
+        if self.language is None:  # the terms of tokenize(), each word analysed once
+            for match in _WORD_RE.finditer(words):
+                for index, weight in _word_counts(match.group()):
+                    counts[index] += 1
+                    length += weight
+            return counts, length
         if "-" in words:
             for match in _CODE_RE.finditer(words):  # product codes as a whole, too
                 counts[_index(match.group())] += 1

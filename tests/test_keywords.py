@@ -89,3 +89,55 @@ def test_a_language_stems_with_qdrants_snowball_and_keeps_codes_whole() -> None:
     (w1,) = german.document_vector("Pumpe").values
     (w2,) = german.document_vector("Pumpe Pumpe").values
     assert w1 < w2 < keywords.K1 + 1
+
+
+def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
+    """Each word's analysis is remembered (a corpus repeats its vocabulary): the counts and
+    the length must stay exactly those of ``tokenize``, on first sight of a word and after."""
+    import random
+    from collections import Counter
+
+    pieces = [
+        "Rivers",
+        "rivières",
+        "l'impôt",
+        "XR-7734",
+        "jeux",
+        "bateaux",
+        "the",
+        "and",
+        "Ñandú",
+        "Straße",
+        "ĐƯỜNG",
+        "phở",
+        "東京都",
+        "京都",
+        "ひらがな",
+        "한국어",
+        "ภาษาไทย",
+        "नमस्ते",
+        "مَدْرَسَة",
+        "Москва",
+        "Ἀθῆναι",
+        "x",
+        "42",
+        "co-op's",
+        "statuses",
+        "ｆｕｌｌ",
+        "Ⅻ",
+        "",
+    ]
+    separators = [" ", "  ", ", ", ". ", "\n\n", "-", "'", "/", "—"]
+    rng = random.Random(5)
+    analyser = keywords.KeywordAnalyzer()
+    for _ in range(300):
+        text = "".join(
+            rng.choice(pieces) + rng.choice(separators) for _ in range(rng.randint(1, 30))
+        )
+        expected: Counter[int] = Counter()
+        length = 0.0
+        for term in tokenize(text):
+            expected[keywords._index(term)] += 1
+            length += keywords.BIGRAM_LENGTH if keywords._RUN_RE.match(term) else 1.0
+        for _ in range(2):  # words first seen, then remembered
+            assert analyser.counts(text) == (expected, length), text

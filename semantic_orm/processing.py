@@ -328,6 +328,7 @@ class DeferredSettle:
     Args:
         processor: Whose jobs these are (its token holds their leases).
         requeued: Called with an engine where rows were queued again (a lost lease).
+        delay: Seconds the first waiting job waits for the timer.
     """
 
     def __init__(

@@ -23,8 +23,10 @@ transaction that wrote them (the innermost savepoint, or the root), move outward
 savepoint is released, vanish when it rolls back, and are handed over after the root commits,
 once the transaction has ended and its connections are back in the pool. A session that joined
 a transaction it does not own (the test recipe that binds a session to an open connection) makes
-no durable commit: its jobs wait in the outbox for that transaction's fate. The tracker writes
-jobs and calls back; it never syncs anything itself.
+no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
+leased (SQLite), a root transaction that writes jobs also deletes, through its hooks, the
+finished jobs of this process's earlier commits, and hands them back if it does not commit.
+The tracker writes jobs and calls back; it never syncs anything itself.
 """
 
 from __future__ import annotations

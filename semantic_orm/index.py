@@ -341,7 +341,7 @@ class SemanticIndex:
         if not still:
             self._retry.stop()
             self._retry = _Retrier(self)
-        self.processor.later.flush()  # what its last commits left, while the engines are known
+        self.settle()  # what its last commits left, while the engines are known
 
     # -- columns and bindings -----------------------------------------------------------------
 
@@ -663,7 +663,7 @@ class SemanticIndex:
             expired = deadline is not None and time.monotonic() > deadline
             if report.claimed and not expired:
                 continue
-            self.processor.later.flush(engine)  # see settle()
+            self.settle(engine)
             with engine.connect() as conn:
                 due = (
                     outbox.next_due(conn) if inspect(conn).has_table(outbox.OUTBOX_TABLE) else None

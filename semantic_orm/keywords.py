@@ -157,6 +157,13 @@ def _index(term: str) -> int:
     return zlib.crc32(term.encode("utf-8")) & 0x7FFFFFFF
 
 
+_SPLIT_RE = re.compile(r"[-']")
+_WORDS_KEPT = 1 << 17
+_words: dict[str, tuple[tuple[int, float], ...]] = {}
+"""Each word seen lately, with its terms' dimensions and lengths: a text repeats its words, and
+a corpus its vocabulary, so most words are analysed once (bounded: cleared when full)."""
+
+
 def _word_terms(word: str) -> Iterator[str]:
     """The index terms of one word of :func:`tokenize` (folded, split at ``-'``, stemmed)."""
     token = _fold(word)
@@ -166,13 +173,6 @@ def _word_terms(word: str) -> Iterator[str]:
     for part in parts:
         if part and part not in _STOPWORDS:
             yield _stem(part)
-
-
-_SPLIT_RE = re.compile(r"[-']")
-_WORDS_KEPT = 1 << 17
-_words: dict[str, tuple[tuple[int, float], ...]] = {}
-"""Each word seen lately, with its terms' dimensions and lengths: a text repeats its words, and
-a corpus its vocabulary, so most words are analysed once (bounded: cleared when full)."""
 
 
 def _word_counts(word: str) -> tuple[tuple[int, float], ...]:

@@ -133,12 +133,11 @@ def read_values(
     """``column``'s current value (and ``fields``') for each row key in ``pks`` that exists,
     500 keys a query."""
     mapper = column.mapper
-    single = len(mapper.primary_key) == 1
     n = len(mapper.primary_key)
     values: dict[str, RowValue] = {}
     for start in range(0, len(pks), 500):
         part = list(pks[start : start + 500])
-        if single:  # built once per column and fields: a sync of one row runs it too
+        if n == 1:  # built once per column and fields: a sync of one row runs it too
             stmt, params = _read_statement(column, tuple(fields)), key_params(mapper, part)
         else:
             stmt, params = _columns_of(column, fields).where(pk_in(mapper, part)), {}

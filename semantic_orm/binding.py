@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .chunking import TYPE_KEY, Chunker
+from .chunking import TYPE_KEY, TYPES_KEY, Chunker
 from .embedding import Embedder, embedder_settings
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
@@ -118,10 +118,12 @@ class ColumnBinding:
         )
 
     def _tag_indexes(self) -> tuple[PayloadIndex, ...]:
-        """The chunk-type index of a tagged column (``SemanticText(tags=True)``)."""
+        """The chunk-type indexes of a tagged column (``SemanticText(tags=True)``)."""
         if "tags" not in self.chunker.config():
             return ()
-        return (PayloadIndex(PointPayload.meta_key(TYPE_KEY), "keyword"),)
+        return tuple(
+            PayloadIndex(PointPayload.meta_key(key), "keyword") for key in (TYPE_KEY, TYPES_KEY)
+        )
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -36,8 +36,9 @@ the collection is exhausted.
 
 ``dedupe="paragraph"`` (or ``"section"``) keeps at most one passage per paragraph (or section) of
 a row, in both groupings. On a column declared with ``SemanticText(tags=True)``,
-``chunk_types=`` / ``exclude_chunk_types=`` keep or drop chunks by structure type (title, verse,
-boilerplate, text; :mod:`semantic_orm.chunking.structure`), inside the store.
+``chunk_types=`` keeps the chunks that contain a passage of one of the given structure types
+(title, verse, boilerplate, text; :mod:`semantic_orm.chunking.structure`) and
+``exclude_chunk_types=`` drops those that are mostly of them, inside the store.
 
 Three ranking modes (``mode=``):
 
@@ -94,7 +95,7 @@ from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
 from .binding import ColumnBinding
-from .chunking import CHUNK_TYPES, TYPE_KEY, Chunk
+from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
@@ -181,11 +182,12 @@ class SearchOptions(TypedDict, total=False):
             has one, ``False`` turns reranking off.
         rerank_window: First-stage hits the reranker reorders (1 to 1,000, default 50); hits
             past it follow in first-stage order.
-        chunk_types: Only chunks of these types (``"title"``, ``"verse"``, ``"boilerplate"``,
-            ``"text"``), for a column declared with ``SemanticText(tags=True)``; applied inside
-            the vector store.
-        exclude_chunk_types: No chunks of these types, e.g. ``("boilerplate", "title")``
-            (same requirement).
+        chunk_types: Only chunks containing a passage of one of these types (``"title"``,
+            ``"verse"``, ``"boilerplate"``, ``"text"``; their ``types`` metadata): a couplet
+            inside a stretch of narration is found with ``"verse"``. For a column declared
+            with ``SemanticText(tags=True)``; applied inside the vector store.
+        exclude_chunk_types: No chunks made mostly of these types (their ``type``), e.g.
+            ``("boilerplate", "title")`` (same requirement).
         dedupe: ``"section"`` or ``"paragraph"``: at most one passage per section (or
             paragraph) of a row, the best ranked; in row mode it also applies to
             ``hit.chunks``. Reads the chunks' ``section_index``/``paragraph`` metadata, so the
@@ -323,7 +325,12 @@ def _check_structure(opts: _Options, binding: ColumnBinding) -> None:
 def _typed(flt: Filter | None, opts: _Options) -> Filter | None:
     """The store filter, plus the ``chunk_types=`` / ``exclude_chunk_types=`` clauses."""
     key = PointPayload.meta_key(TYPE_KEY)
-    must = (MatchAny(key, _chunk_types("", opts.chunk_types)),) if opts.chunk_types else ()
+    must: tuple[Filter, ...] = ()
+    if opts.chunk_types:
+        wanted = _chunk_types("", opts.chunk_types)
+        # points tagged before ``types`` existed carry only their main type
+        present = MatchAny(PointPayload.meta_key(TYPES_KEY), wanted)
+        must = (Filter(should=(present, MatchAny(key, wanted))),)
     must_not = (
         (MatchAny(key, _chunk_types("", opts.exclude_chunk_types)),)
         if opts.exclude_chunk_types

@@ -21,6 +21,7 @@ from semantic_orm import ConfigurationError, SemanticIndex, SemanticSearchMixin,
 from semantic_orm.chunking import (
     CHUNK_TYPES,
     TYPE_KEY,
+    TYPES_KEY,
     HybridChunker,
     TaggingChunker,
     get_chunker,
@@ -177,6 +178,24 @@ def test_a_chunk_takes_the_type_of_most_of_its_characters() -> None:
     ]
 
 
+def test_a_chunk_lists_every_type_it_contains_the_most_present_first() -> None:
+    text = "第一回　桃园结义\n\n话说天下大势，分久必合，合久必分。\n\n且听下回分解。"
+    merged = tag_chunks(get_chunker("hybrid", chunk_size=60, overlap=0).chunk(text), text)
+    assert [c.metadata[TYPES_KEY] for c in merged] == [["text", "title", "boilerplate"]]
+    apart = tag_chunks(HybridChunker(60, 0, merge_short=False).chunk(text), text)
+    assert [c.metadata[TYPES_KEY] for c in apart] == [["title"], ["text"], ["boilerplate"]]
+    # the real chapter in 900-character windows: every chunk's main type leads its list, and
+    # the couplets quoted in the narration are listed where they are not the main type
+    chunks = TaggingChunker(get_chunker("hybrid", chunk_size=900, overlap=180)).chunk(CHAPTER)
+    for c in chunks:
+        types = c.metadata[TYPES_KEY]
+        assert types[0] == c.metadata[TYPE_KEY] and len(set(types)) == len(types)
+        assert set(types) <= set(CHUNK_TYPES)
+    hidden = [c for c in chunks if "verse" in c.metadata[TYPES_KEY][1:]]
+    assert any("三春去后诸芳尽" in c.text for c in hidden)
+    assert all(c.metadata[TYPE_KEY] != "verse" for c in hidden)
+
+
 def test_tags_are_a_recorded_column_setting() -> None:
     col = SemanticText(tags=True)
     assert repr(col) == "SemanticText(tags=True)"
@@ -239,9 +258,19 @@ def factory(engine: Engine, index: SemanticIndex) -> Iterator[sessionmaker[OrmSe
     index.uninstall(made)
 
 
-def test_tagged_column_indexes_the_type_key(index: SemanticIndex) -> None:
+class Pages(SemanticSearchMixin, _Base):
+    """The default 900-character hybrid windows, tagged: verse sits inside narration."""
+
+    __tablename__ = "pages"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    body: Mapped[str | None] = mapped_column(SemanticText(tags=True))
+
+
+def test_tagged_column_indexes_the_type_keys(index: SemanticIndex) -> None:
     spec = index.binding_for(pick_column(inspect(Chapter), None)).spec
     assert PayloadIndex("meta.type", "keyword") in spec.indexes
+    assert PayloadIndex("meta.types", "keyword") in spec.indexes
     assert spec.metadata["chunker"]["tags"] == "structure/1"
 
 
@@ -275,6 +304,32 @@ def test_search_requires_or_excludes_chunk_types(factory: sessionmaker[OrmSessio
         assert both and {h.chunk.metadata[TYPE_KEY] for h in both} == {"text"}
         rows = Chapter.semantic_search(s, query, mode="keyword", chunk_types=("title",))
         assert rows == []  # the heading has none of the query's terms
+
+
+def test_chunk_types_finds_verse_inside_narration_and_exclusion_reads_the_main_type(
+    factory: sessionmaker[OrmSession],
+) -> None:
+    with factory() as s:
+        s.add(Pages(id=1, body=CHAPTER))
+        s.commit()
+        query = "三春去后诸芳尽"
+        verse = Pages.semantic_search(
+            s, query, mode="keyword", group_by="chunk", limit=3, chunk_types="verse"
+        )
+        assert verse and query in verse[0].chunk.text
+        found = verse[0].chunk.metadata
+        assert found[TYPE_KEY] == "text" and "verse" in found[TYPES_KEY]  # inside narration
+        assert all("verse" in h.chunk.metadata[TYPES_KEY] for h in verse)
+        # that chunk is mostly narration: excluding verse keeps it
+        kept = Pages.semantic_search(
+            s, query, mode="keyword", group_by="chunk", limit=3, exclude_chunk_types="verse"
+        )
+        assert kept[0].chunk.start_offset == verse[0].chunk.start_offset
+        # no chunk of the chapter holds a title but the first (the heading merged into it)
+        titled = Pages.semantic_search(
+            s, "凤姐 宁国府", mode="keyword", group_by="chunk", limit=50, chunk_types="title"
+        )
+        assert [h.chunk.index for h in titled] == [0]
 
 
 def test_dedupe_keeps_one_passage_per_paragraph_or_section(

@@ -82,13 +82,22 @@ from .hybrid import DEFAULT_HEADING_PATTERN, HeadingRule, HybridChunker
 from .recursive import RecursiveChunker
 from .registry import available_chunkers, get_chunker, register_chunker
 from .sentence import ABBREVIATIONS, FINAL_ABBREVIATIONS, SentenceChunker, sentence_spans
-from .structure import CHUNK_TYPES, TYPE_KEY, Block, TaggingChunker, structure, tag_chunks
+from .structure import (
+    CHUNK_TYPES,
+    TYPE_KEY,
+    TYPES_KEY,
+    Block,
+    TaggingChunker,
+    structure,
+    tag_chunks,
+)
 
 __all__ = [
     "ABBREVIATIONS",
     "CHUNK_TYPES",
     "DEFAULT_HEADING_PATTERN",
     "FINAL_ABBREVIATIONS",
+    "TYPES_KEY",
     "TYPE_KEY",
     "Block",
     "Chunk",

@@ -14,6 +14,13 @@ chunk's ``metadata``:
     non-whitespace characters (ties go to ``"text"``, then ``"verse"``, ``"title"``,
     ``"boilerplate"``). A heading merged with the paragraph below it is therefore ``"text"``;
     only a chunk that is (mostly) the heading itself is ``"title"``.
+``types``
+    Every type with visible characters in the chunk, the most present first (``type`` is the
+    first): a couplet quoted inside a 900-character stretch of narration makes that chunk
+    ``["text", "verse"]``. ``semantic_search(chunk_types=...)`` keeps the chunks that *contain*
+    one of the types asked for (``types``); ``exclude_chunk_types=`` drops those that are
+    *mostly* of them (``type``), so excluding ``"boilerplate"`` never drops the last page of
+    story that ends with a closing formula.
 ``section``, ``section_index``, ``paragraph``
     Where the chunk starts: the heading line of its section (``None`` before the first heading),
     the section's number and the paragraph's number inside it (the heading line is paragraph 0).
@@ -74,6 +81,7 @@ from .sentence import CJK_CHAR
 __all__ = [
     "CHUNK_TYPES",
     "TAGS_VERSION",
+    "TYPES_KEY",
     "TYPE_KEY",
     "Block",
     "TaggingChunker",
@@ -84,7 +92,9 @@ __all__ = [
 CHUNK_TYPES: Final = ("title", "verse", "boilerplate", "text")
 """Every value of a tagged chunk's ``metadata["type"]``."""
 TYPE_KEY: Final = "type"
-"""The metadata key holding a chunk's type."""
+"""The metadata key holding a chunk's type (the type of most of its characters)."""
+TYPES_KEY: Final = "types"
+"""The metadata key listing every type present in a chunk, the most present first."""
 TAGS_VERSION: Final = 1
 """Bumped whenever the rules change; recorded in the chunker config as ``"structure/N"``."""
 
@@ -185,10 +195,12 @@ def structure(text: str) -> list[Block]:
 
 
 def tag_chunks(chunks: Sequence[Chunk], text: str) -> list[Chunk]:
-    """Return ``chunks`` with ``type``/``section``/``section_index``/``paragraph`` metadata.
+    """Return ``chunks`` with ``type``/``types``/``section``/``section_index``/``paragraph``
+    metadata.
 
     Offsets, text and numbering are unchanged; metadata the chunks already have wins over the
-    computed ``section``/``section_index``/``paragraph`` (``type`` is always set).
+    computed ``section``/``section_index``/``paragraph`` (``type`` and ``types`` are always
+    set).
 
     Args:
         chunks: Chunks of ``text``, from any chunker.
@@ -215,9 +227,10 @@ def tag_chunks(chunks: Sequence[Chunk], text: str) -> list[Chunk]:
             j += 1
         if first is None and blocks:  # nothing visible in common: the block before it
             first = blocks[max(0, bisect.bisect_right(starts, chunk.start_offset) - 1)]
-        kind = max(_TIE_ORDER, key=lambda t: (weights.get(t, 0), -_TIE_ORDER.index(t)))
+        ranked = sorted(_TIE_ORDER, key=lambda t: (-weights.get(t, 0), _TIE_ORDER.index(t)))
         meta: dict[str, Any] = dict(chunk.metadata)
-        meta[TYPE_KEY] = kind
+        meta[TYPE_KEY] = ranked[0]
+        meta[TYPES_KEY] = [t for t in ranked if weights.get(t)] or ranked[:1]
         if first is not None:
             meta.setdefault("section", first.section)
             meta.setdefault("section_index", first.section_index)

@@ -240,7 +240,11 @@ _DELETE_MINE = (
     )
     .returning(outbox.c.id)
 )
-_INSERT = insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True)
+# the new ids come back with their keys, so the rows need no order: one statement for a batch
+# (ordered RETURNING makes SQLAlchemy insert row by row on SQLite)
+_INSERT = insert(outbox).returning(
+    outbox.c.id, outbox.c.table_name, outbox.c.column_name, outbox.c.row_pk
+)
 
 
 def enqueue(
@@ -293,11 +297,14 @@ def enqueue(
         conn.execute(insert(outbox), values)
         return jobs
     for start in range(0, len(values), 1000):
-        part = values[start : start + 1000]
-        ids = conn.execute(_INSERT, part).scalars().all()
+        made: dict[JobKey, list[int]] = {}
+        for i, table, column, pk in conn.execute(_INSERT, values[start : start + 1000]):
+            made.setdefault(JobKey(table, column, pk), []).append(int(i))
+        for ids in made.values():  # a key given twice: its ids in the order given
+            ids.sort(reverse=True)
         jobs.extend(
-            Job(int(i), key, claimed_by=None if key in busy else claimed_by)
-            for i, key in zip(ids, rows[start : start + 1000], strict=True)
+            Job(made[key].pop(), key, claimed_by=None if key in busy else claimed_by)
+            for key in rows[start : start + 1000]
         )
     return jobs
 

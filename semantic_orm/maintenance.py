@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sqlalchemy import Engine, func, inspect, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from . import outbox
 from .applying import SyncOp, text_hash
@@ -338,8 +338,8 @@ def _reconcile(
             keys = sorted({p.pk for p in payloads if p.pk})
             if not keys:
                 continue
-            with Session(engine) as session:
-                present = read_values(session, col, keys)
+            with engine.connect() as conn:
+                present = read_values(conn, col, keys)
             gone = [JobKey(col.table, col.name, k) for k in keys if k not in present]
             counts["orphans"] += len(gone)
             if gone:
@@ -575,8 +575,8 @@ def rebuild(
         with _bar(None, f"rebuild {col.label}", progress) as bar:
             for page in _pages(engine, col, (), batch_size):
                 part = [key for key, _ in page]
-                with Session(engine) as session:
-                    values = read_values(session, col, part, build.fields)
+                with engine.connect() as conn:
+                    values = read_values(conn, col, part, build.fields)
                 report = index.applier.apply([SyncOp.of(build, pk, values.get(pk)) for pk in part])
                 for group, error in report.failed:
                     if is_transient(error):

@@ -125,13 +125,20 @@ class Blocked(Exception):
 
 
 def read_values(
-    session: Session,
+    bind: Connection | Session,
     column: SemanticColumn,
     pks: Sequence[str],
     fields: Sequence[FilterField] = (),
 ) -> dict[str, RowValue]:
     """``column``'s current value (and ``fields``') for each row key in ``pks`` that exists,
-    500 keys a query."""
+    500 keys a query.
+
+    The rows are read with Core statements on the mapped tables, never through an ORM
+    session: the application's ORM query hooks (``do_orm_execute`` adding a tenant's or a
+    soft-delete's loader criteria) must not hide a committed row from its sync, which would
+    take it out of the index.
+    """
+    conn = bind.connection() if isinstance(bind, Session) else bind
     mapper = column.mapper
     n = len(mapper.primary_key)
     values: dict[str, RowValue] = {}
@@ -141,18 +148,19 @@ def read_values(
             stmt, params = _read_statement(column, tuple(fields)), key_params(mapper, part)
         else:
             stmt, params = _columns_of(column, fields).where(pk_in(mapper, part)), {}
-        for row in session.execute(stmt, params):
+        for row in conn.execute(stmt, params):
             cells = tuple(row)
             values[row_key(cells[:n])] = RowValue(cells[n], row_fields(fields, cells[n + 1 :]))
     return values
 
 
 def _columns_of(column: SemanticColumn, fields: Sequence[FilterField]) -> Select[Any]:
-    """``SELECT`` the primary key, ``column`` and ``fields`` of ``column``'s model."""
+    """``SELECT`` the primary key, ``column`` and ``fields`` of ``column``'s model, in Core
+    (from the mapper's tables: joined-inheritance parents included)."""
     mapper = column.mapper
-    cls = column.mapped_class
-    keys = [getattr(cls, mapper.get_property_by_column(c).key) for c in mapper.primary_key]
-    return select(*keys, getattr(cls, column.key), *(getattr(cls, f.name) for f in fields))
+    return select(*mapper.primary_key, column.column, *(f.column for f in fields)).select_from(
+        mapper.selectable
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -506,15 +514,13 @@ class _Pass:
         for key in self.by_key:
             groups.setdefault((key.table, key.column), []).append(key.pk)
         unknown: list[JobKey] = []
-        with Session(bind=conn, autoflush=False) as session:
-            for (table, column), pks in groups.items():
-                binding = self.processor.resolve(table, column)
-                if binding is None:
-                    unknown.extend(JobKey(table, column, pk) for pk in pks)
-                    continue
-                values = read_values(session, binding.column, pks, binding.fields)
-                self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
-            session.rollback()
+        for (table, column), pks in groups.items():
+            binding = self.processor.resolve(table, column)
+            if binding is None:
+                unknown.extend(JobKey(table, column, pk) for pk in pks)
+                continue
+            values = read_values(conn, binding.column, pks, binding.fields)
+            self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
         if unknown:
             self.report.unknown = unknown
             error = ConfigurationError(

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import select, update
+from sqlalchemy import orm, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
@@ -32,7 +32,7 @@ from semantic_orm import (
     Worker,
     outbox,
 )
-from semantic_orm.maintenance import status
+from semantic_orm.maintenance import reconcile, status
 from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
 
 from .helpers import (
@@ -75,6 +75,53 @@ def test_deferred_mode_leaves_jobs_for_a_worker(tables: Engine, store: Any) -> N
     idx.drain(tables, timeout=10)
     worker.stop()
     assert store.count(COLL) == 6
+
+
+@pytest.mark.parametrize("mode", ["inline", "deferred"])
+def test_the_applications_orm_query_hooks_never_hide_a_row_from_its_sync(
+    tables: Engine, store: Any, mode: str
+) -> None:
+    """A multi-tenant app filters every ORM query by the session's tenant (SQLAlchemy's
+    documented ``do_orm_execute`` + ``with_loader_criteria`` recipe, on every ``Session``). The
+    sync reads rows in no tenant's session: it must still see them, or it would take committed
+    rows out of the index; searches still go through the app's filter."""
+
+    def tenant_only(state: orm.ORMExecuteState) -> None:
+        if state.is_select and not state.is_column_load and not state.is_relationship_load:
+            lang = state.session.info.get("lang")
+            state.statement = state.statement.options(
+                orm.with_loader_criteria(Article, Article.lang == lang)
+            )
+
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), mode=mode)  # type: ignore[arg-type]
+    french = sessionmaker(tables, info={"lang": "fr"})
+    english = sessionmaker(tables, info={"lang": "en"})
+    idx.install(french)
+    idx.install(english)
+    sa.event.listen(orm.Session, "do_orm_execute", tenant_only)
+    try:
+        with french() as s:
+            s.add(Article(title="fr", lang="fr", content="la facture trimestrielle du client"))
+            s.commit()
+        with english() as s:
+            s.add(Article(title="en", lang="en", content="the quarterly invoice of the client"))
+            s.commit()
+        if mode == "deferred":
+            Worker(idx, tables, poll_interval=0.01).run(stop_when_idle=True)
+        idx.drain(tables, timeout=10)
+        assert store.count(COLL) == 2
+        reports = reconcile(idx, Article, tables)
+        assert [(r.queued, r.orphans) for r in reports] == [(0, 0)]
+        assert store.count(COLL) == 2
+        with french() as s:  # each tenant's search still sees its own rows only
+            assert [h.obj.title for h in Article.semantic_search(s, "facture client")] == ["fr"]
+        with english() as s:
+            assert [h.obj.title for h in Article.semantic_search(s, "facture client")] == ["en"]
+    finally:
+        sa.event.remove(orm.Session, "do_orm_execute", tenant_only)
+        idx.uninstall(french)
+        idx.uninstall(english)
+    assert_index_matches_database(tables, store)
 
 
 def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: Any) -> None:

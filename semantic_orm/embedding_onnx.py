@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import shutil
@@ -46,6 +47,8 @@ __all__ = [
     "quantization_layout",
     "supports_onnx",
 ]
+
+log = logging.getLogger("semantic_orm")
 
 ONNX_HINT = "pip install 'semantic-orm[onnx]' (onnxruntime and onnx)"
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
@@ -251,12 +254,10 @@ def _fuse_attention(source: Path, target: Path, config: dict[str, Any]) -> bool:
 
     Each layer's attention becomes one ``Attention`` kernel (one packed QKV product, quantised
     as a whole, instead of three products, two transposes, a scale, a mask and a softmax), and
-    layer norms and GELUs are fused with their additions. The traced scale is a ``Mul`` beside
-    the mask's ``Mul``, which the fusion's pattern cannot tell apart, so it is rewritten as the
-    equivalent ``Div`` first; the mask stays the raw one (no assumption on padding side), and
-    the embeddings are left alone (RoBERTa's positions differ from BERT's). The fused graph is
-    used only if it gives the traced graph's output on a padded probe batch; any failure
-    leaves the traced graph (correct, slower).
+    layer norms and GELUs are fused with their additions. The mask stays the raw one (no
+    assumption on the padding side) and the embeddings are left alone (RoBERTa's positions
+    differ from BERT's). The fused graph is used only if it gives the traced graph's output on
+    a padded probe batch; any failure leaves the traced graph (correct, slower).
     """
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     if not isinstance(heads, int) or not isinstance(hidden, int):
@@ -265,45 +266,11 @@ def _fuse_attention(source: Path, target: Path, config: dict[str, Any]) -> bool:
         return False  # weights in external files (a model over 2 GB): left as traced
     try:
         import onnx
-        import onnxruntime
-        from onnx import helper, numpy_helper
         from onnxruntime.transformers import optimizer
         from onnxruntime.transformers.fusion_options import FusionOptions
         from onnxruntime.transformers.onnx_model import OnnxModel as Graph
 
-        model = onnx.load(str(source))
-        nodes = model.graph.node
-        made = {out: node for node in nodes for out in node.output}
-        used: dict[str, list[Any]] = {}
-        for node in nodes:
-            for name in node.input:
-                used.setdefault(name, []).append(node)
-        for node in list(nodes):
-            if node.op_type != "Mul" or len(node.input) != 2:
-                continue
-            product, scale = (made.get(name) for name in node.input)
-            after = used.get(node.output[0], [])
-            if (
-                product is None
-                or product.op_type != "MatMul"
-                or scale is None
-                or scale.op_type != "Constant"
-                or len(after) != 1
-                or after[0].op_type != "Add"
-                or not any(n.op_type == "Softmax" for n in used.get(after[0].output[0], []))
-            ):
-                continue
-            value = numpy_helper.to_array(scale.attribute[0].t)
-            if value.size != 1 or not value.any():
-                continue
-            inverse = f"{node.input[1]}/inverse"
-            nodes.append(
-                helper.make_node(
-                    "Constant", [], [inverse], value=numpy_helper.from_array(1 / value)
-                )
-            )
-            node.op_type, node.input[1] = "Div", inverse
-        graph = Graph(model)
+        graph = Graph(_scales_as_divisions(onnx.load(str(source))))
         graph.topological_sort()
         options = FusionOptions("bert")
         options.enable_embed_layer_norm = False
@@ -319,23 +286,73 @@ def _fuse_attention(source: Path, target: Path, config: dict[str, Any]) -> bool:
         if not optimised.get_fused_operator_statistics().get("Attention"):
             return False
         optimised.save_model_to_file(str(target))
-        quiet = onnxruntime.SessionOptions()
-        quiet.log_severity_level = 3
-        probe = _probe_batch(int(config.get("vocab_size") or 1000))
-        outputs = [
-            onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"]).run(
-                None, dict(probe)
-            )[0]
-            for path in (source, target)
-        ]
-        mask = probe["attention_mask"][..., None]
-        if not float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE:
-            target.unlink()
-            return False
-        return True
+        if _same_output(source, target, int(config.get("vocab_size") or 1000)):
+            return True
+        log.debug("semantic_orm: the fused graph of %s differs from the traced one", source)
     except Exception:  # the fusion is an optimisation: never a reason to fail an export
-        target.unlink(missing_ok=True)
-        return False
+        log.debug("semantic_orm: fusing the attention of %s failed", source, exc_info=True)
+    target.unlink(missing_ok=True)
+    return False
+
+
+def _scales_as_divisions(model: Any) -> Any:
+    """``model`` with each attention score scale (``MatMul`` -> ``Mul`` by a constant ->
+    ``Add`` (the mask) -> ``Softmax``) written as the equivalent ``Div``.
+
+    The fusion recognises the scale either way but finds it as "the first ``Mul`` feeding the
+    mask's ``Add``", and the traced mask is a ``Mul`` too: as a ``Div`` the scale cannot be
+    taken for the mask, nor the mask for the scale.
+    """
+    from onnx import helper, numpy_helper
+
+    nodes = model.graph.node
+    made = {out: node for node in nodes for out in node.output}
+    used: dict[str, list[Any]] = {}
+    for node in nodes:
+        for name in node.input:
+            used.setdefault(name, []).append(node)
+    for node in list(nodes):
+        if node.op_type != "Mul" or len(node.input) != 2:
+            continue
+        product, scale = (made.get(name) for name in node.input)
+        after = used.get(node.output[0], [])
+        if (
+            product is None
+            or product.op_type != "MatMul"
+            or scale is None
+            or scale.op_type != "Constant"
+            or len(after) != 1
+            or after[0].op_type != "Add"
+            or not any(n.op_type == "Softmax" for n in used.get(after[0].output[0], []))
+        ):
+            continue
+        value = numpy_helper.to_array(scale.attribute[0].t)
+        if value.size != 1 or not value.any():
+            continue
+        inverse = f"{node.input[1]}/inverse"
+        nodes.append(
+            helper.make_node("Constant", [], [inverse], value=numpy_helper.from_array(1 / value))
+        )
+        node.op_type, node.input[1] = "Div", inverse
+    return model
+
+
+def _same_output(source: Path, target: Path, vocabulary: int) -> bool:
+    """Whether two graphs of one encoder give the same hidden states (within
+    :data:`_FUSION_TOLERANCE`) on the real tokens of a padded probe batch."""
+    import onnxruntime
+
+    quiet = onnxruntime.SessionOptions()
+    quiet.log_severity_level = 3
+    probe = _probe_batch(vocabulary)
+    outputs = [
+        onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"]).run(
+            None, dict(probe)
+        )[0]
+        for path in (source, target)
+    ]
+    mask = probe["attention_mask"][..., None]
+    return float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE
 
 
 def _probe_batch(vocabulary: int) -> dict[str, npt.NDArray[np.int64]]:

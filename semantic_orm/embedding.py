@@ -133,10 +133,13 @@ def _dimension_from_files(path: str) -> int | None:
         except (OSError, ValueError):
             config = {}
         if kind == "Pooling":
-            modes = sum(
-                1 for key, value in config.items() if key.startswith("pooling_mode_") and value
+            mode = config.get("pooling_mode")  # sentence-transformers 6: a name or a list
+            modes = (
+                (1 if isinstance(mode, str) else len(mode) if isinstance(mode, list) else 0)
+                if mode is not None
+                else sum(1 for k, v in config.items() if k.startswith("pooling_mode_") and v)
             )
-            width = config.get("word_embedding_dimension")
+            width = config.get("embedding_dimension", config.get("word_embedding_dimension"))
             if not isinstance(width, int) or modes < 1:
                 return None
             dimension = width * modes

@@ -7,7 +7,7 @@ fused into ONNX Runtime's ``Attention``/``SkipLayerNormalization``/``BiasGelu`` 
 against the traced graph, else left traced), quantised to dynamic int8 with
 ``onnxruntime.quantization.quantize_dynamic`` (``precision="int8"``; weights 7-bit on x86 CPUs
 without VNNI, whose int8 products saturate in 16 bits: ``avx2``/``avx512``, full 8-bit on
-``avx512_vnni``/``arm64``), and then run with plain ``onnxruntime`` and the model's own
+``avx512_vnni``/``avx_vnni``/``arm64``), and then run with plain ``onnxruntime`` and the model's own
 tokenizer: no optimum, so sentence-transformers is not downgraded. Pooling follows the model's
 ``1_Pooling/config.json``.
 
@@ -65,7 +65,8 @@ _RECIPE = 2
 """How exports are made (part of the cache key): 2 fuses attention and quantises weights to
 int8, 7-bit where the CPU sums int8 products in 16 bits."""
 _FUSION_TOLERANCE = 1e-3
-"""Largest difference in a hidden state between the fused and the traced graph (fp32)."""
+"""Largest difference in a hidden state between the fused and the traced graph (fp32), relative
+to the largest hidden state (at least 1)."""
 _SATURATING = frozenset({"avx2", "avx512"})
 """Layouts without VNNI: their u8 x s8 products are summed pairwise into 16 bits, which full
 8-bit weights can overflow."""
@@ -121,16 +122,22 @@ def supports_onnx(path: str) -> bool:
     return _layout(Path(path)) is not None
 
 
-def quantization_layout() -> str:
-    """The dynamic-int8 weight layout matching this CPU (as optimum names them)."""
-    if platform.machine().lower() in {"aarch64", "arm64"}:
+def quantization_layout(machine: str | None = None, cpuinfo: str | None = None) -> str:
+    """The int8 layout of this CPU (or of ``machine`` with ``/proc/cpuinfo`` text ``cpuinfo``):
+    ``arm64``, ``avx512_vnni``, ``avx_vnni``, ``avx512`` or ``avx2``. The last two lack VNNI
+    and get 7-bit weights (:data:`_SATURATING`)."""
+    if (machine or platform.machine()).lower() in {"aarch64", "arm64"}:
         return "arm64"
-    try:
-        flags = Path("/proc/cpuinfo").read_text("utf-8", "replace")
-    except OSError:
-        flags = ""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text("utf-8", "replace")
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
     if "avx512_vnni" in flags:
         return "avx512_vnni"
+    if "avx_vnni" in flags:  # 256-bit VNNI (Alder Lake, Zen 5...): no 16-bit saturation either
+        return "avx_vnni"
     if "avx512f" in flags:
         return "avx512"
     return "avx2"
@@ -306,6 +313,7 @@ def _scales_as_divisions(model: Any) -> Any:
     from onnx import helper, numpy_helper
 
     nodes = model.graph.node
+    inverses: dict[str, str] = {}  # one inverse per scale constant, however many use it
     made = {out: node for node in nodes for out in node.output}
     used: dict[str, list[Any]] = {}
     for node in nodes:
@@ -329,30 +337,34 @@ def _scales_as_divisions(model: Any) -> Any:
         value = numpy_helper.to_array(scale.attribute[0].t)
         if value.size != 1 or not value.any():
             continue
-        inverse = f"{node.input[1]}/inverse"
-        nodes.append(
-            helper.make_node("Constant", [], [inverse], value=numpy_helper.from_array(1 / value))
-        )
+        inverse = inverses.get(node.input[1])
+        if inverse is None:
+            inverse = inverses[node.input[1]] = f"{node.input[1]}/inverse"
+            nodes.append(
+                helper.make_node(
+                    "Constant", [], [inverse], value=numpy_helper.from_array(1 / value)
+                )
+            )
         node.op_type, node.input[1] = "Div", inverse
     return model
 
 
 def _same_output(source: Path, target: Path, vocabulary: int) -> bool:
     """Whether two graphs of one encoder give the same hidden states (within
-    :data:`_FUSION_TOLERANCE`) on the real tokens of a padded probe batch."""
+    :data:`_FUSION_TOLERANCE` of the largest one) on the real tokens of a padded probe batch."""
     import onnxruntime
 
     quiet = onnxruntime.SessionOptions()
     quiet.log_severity_level = 3
     probe = _probe_batch(vocabulary)
-    outputs = [
-        onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"]).run(
-            None, dict(probe)
-        )[0]
-        for path in (source, target)
-    ]
+    outputs = []
+    for path in (source, target):
+        session = onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        outputs.append(session.run(None, {k: v for k, v in probe.items() if k in names})[0])
     mask = probe["attention_mask"][..., None]
-    return float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE
+    scale = max(1.0, float(np.abs(outputs[0] * mask).max()))
+    return float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE * scale
 
 
 def _probe_batch(vocabulary: int) -> dict[str, npt.NDArray[np.int64]]:

@@ -303,7 +303,11 @@ def enqueue(
         for ids in made.values():  # a key given twice: its ids in the order given
             ids.sort(reverse=True)
         jobs.extend(
-            Job(made[key].pop(), key, claimed_by=None if key in busy else claimed_by)
+            Job(
+                made[JobKey(key.table, key.column, str(key.pk))].pop(),
+                key,
+                claimed_by=None if key in busy else claimed_by,
+            )
             for key in rows[start : start + 1000]
         )
     return jobs

@@ -156,10 +156,11 @@ def read_values(
 
 def _columns_of(column: SemanticColumn, fields: Sequence[FilterField]) -> Select[Any]:
     """``SELECT`` the primary key, ``column`` and ``fields`` of ``column``'s model, in Core
-    (from the mapper's tables: joined-inheritance parents included)."""
+    (from the tables the mapper writes: a joined-inheritance parent's too, never a polymorphic
+    union or the other subclasses' tables)."""
     mapper = column.mapper
     return select(*mapper.primary_key, column.column, *(f.column for f in fields)).select_from(
-        mapper.selectable
+        mapper.persist_selectable
     )
 
 

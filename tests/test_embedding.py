@@ -329,6 +329,21 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
     assert SentenceTransformerEmbedder(model, device="cpu").backend == ("onnx", "int8")
 
 
+def test_int8_layout_follows_the_cpu_flags() -> None:
+    from semantic_orm.embedding_onnx import _SATURATING, quantization_layout
+
+    def layout(flags: str, machine: str = "x86_64") -> str:
+        return quantization_layout(machine, f"processor : 0\nflags : fpu sse2 {flags}\n")
+
+    assert layout("avx2 fma") == "avx2"
+    assert layout("avx2 avx512f avx512bw") == "avx512"
+    assert layout("avx2 avx512f avx512_vnni") == "avx512_vnni"
+    assert layout("avx2 avx_vnni") == "avx_vnni"  # 256-bit VNNI: no 16-bit saturation
+    assert layout("avx2 avx_vnni_int8") == "avx2"  # a flag that only starts like it
+    assert layout("", machine="aarch64") == "arm64"
+    assert _SATURATING == {"avx2", "avx512"}  # 7-bit weights there only
+
+
 def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
     embedder = SentenceTransformerEmbedder(backend="onnx")

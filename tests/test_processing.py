@@ -16,19 +16,22 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.ext.declarative import ConcreteBase
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
 from semantic_orm import (
     EdgeStore,
     QdrantClientStore,
     SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
     Worker,
     outbox,
 )
@@ -122,6 +125,82 @@ def test_the_applications_orm_query_hooks_never_hide_a_row_from_its_sync(
         idx.uninstall(french)
         idx.uninstall(english)
     assert_index_matches_database(tables, store)
+
+
+class _Inherited(orm.DeclarativeBase):
+    pass
+
+
+class Entry(_Inherited):
+    """A joined-inheritance base that loads its subclasses' tables with it."""
+
+    __tablename__ = "entry"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(20))
+    __mapper_args__: ClassVar[dict[str, Any]] = {
+        "polymorphic_on": "kind",
+        "polymorphic_identity": "entry",
+        "with_polymorphic": "*",
+    }
+
+
+class Memo(SemanticSearchMixin, Entry):
+    """The semantic column on a joined subclass."""
+
+    __tablename__ = "memo"
+    id: Mapped[int] = mapped_column(sa.ForeignKey("entry.id"), primary_key=True)
+    body: Mapped[str | None] = mapped_column(SemanticText())
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "memo"}
+
+
+class Letter(Entry):
+    __tablename__ = "letter"
+    id: Mapped[int] = mapped_column(sa.ForeignKey("entry.id"), primary_key=True)
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "letter"}
+
+
+class Staff(ConcreteBase, SemanticSearchMixin, _Inherited):
+    """A concrete-inheritance base: its mapper selects from a UNION of its tables."""
+
+    __tablename__ = "staff"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bio: Mapped[str | None] = mapped_column(SemanticText())
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "staff", "concrete": True}
+
+
+class Manager(Staff):
+    __tablename__ = "manager"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bio: Mapped[str | None] = mapped_column(sa.Text)
+    __mapper_args__: ClassVar[dict[str, Any]] = {
+        "polymorphic_identity": "manager",
+        "concrete": True,
+    }
+
+
+def test_rows_of_inherited_models_are_read_from_their_own_tables(
+    engine: Engine, store: Any
+) -> None:
+    """The sync reads a joined subclass through its parent's table, and a concrete base from its
+    own table, not from the union its mapper queries (a cartesian product: SAWarning)."""
+    _Inherited.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Memo(id=i, body=f"memo {i} about the river delta") for i in range(3))
+        s.add(Letter(id=10))
+        s.add_all(Staff(id=i, bio=f"staff {i} who maps the river") for i in range(3))
+        s.add(Manager(id=10, bio="a manager, not a staff row"))
+        s.commit()
+    idx.drain(engine, timeout=10)
+    for model in (Memo, Staff):
+        (report,) = reconcile(idx, model, engine)
+        assert (report.rows, report.queued) == (3, 0)
+    with factory() as s:
+        assert len(Memo.semantic_search(s, "river delta", limit=10)) == 3
+        assert len(Staff.semantic_search(s, "maps the river", limit=10)) == 3
+    idx.uninstall(factory)
 
 
 def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: Any) -> None:

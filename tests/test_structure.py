@@ -8,8 +8,10 @@ keyword mode, which is enough to check the store filter and the de-duplication p
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect
@@ -22,6 +24,7 @@ from semantic_orm.chunking import (
     CHUNK_TYPES,
     TYPE_KEY,
     TYPES_KEY,
+    Chunk,
     HybridChunker,
     TaggingChunker,
     get_chunker,
@@ -193,7 +196,6 @@ def test_a_chunk_lists_every_type_it_contains_the_most_present_first() -> None:
         assert set(types) <= set(CHUNK_TYPES)
     hidden = [c for c in chunks if "verse" in c.metadata[TYPES_KEY][1:]]
     assert any("三春去后诸芳尽" in c.text for c in hidden)
-    assert all(c.metadata[TYPE_KEY] != "verse" for c in hidden)
 
 
 def test_tags_are_a_recorded_column_setting() -> None:
@@ -330,6 +332,30 @@ def test_chunk_types_finds_verse_inside_narration_and_exclusion_reads_the_main_t
             s, "凤姐 宁国府", mode="keyword", group_by="chunk", limit=50, chunk_types="title"
         )
         assert [h.chunk.index for h in titled] == [0]
+
+
+def test_points_tagged_before_types_existed_answer_chunk_types_by_their_main_type(
+    factory: sessionmaker[OrmSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tagging = importlib.import_module("semantic_orm.chunking.structure")  # not the function
+    tag = tagging.tag_chunks
+
+    def without_types(chunks: Any, text: str) -> list[Chunk]:  # what version 1 wrote
+        out = tag(chunks, text)
+        for chunk in out:
+            del chunk.metadata[TYPES_KEY]
+        return out
+
+    monkeypatch.setattr(tagging, "tag_chunks", without_types)
+    with factory() as s:
+        s.add(Chapter(id=1, body=CHAPTER))
+        s.commit()
+        verse = Chapter.semantic_search(
+            s, "金紫万千谁治国", mode="keyword", group_by="chunk", limit=5, chunk_types="verse"
+        )
+        assert verse and verse[0].chunk.text.startswith("金紫万千谁治国")
+        assert all(TYPES_KEY not in h.chunk.metadata for h in verse)
+        assert {h.chunk.metadata[TYPE_KEY] for h in verse} == {"verse"}
 
 
 def test_dedupe_keeps_one_passage_per_paragraph_or_section(

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Mapper, Session
 
 from . import outbox
 from .applying import Applier, ApplyReport, RowValue, SyncOp
@@ -139,7 +139,7 @@ def read_values(
     take it out of the index.
     """
     conn = bind.connection() if isinstance(bind, Session) else bind
-    mapper = column.mapper
+    mapper = _owner(column)
     n = len(mapper.primary_key)
     values: dict[str, RowValue] = {}
     for start in range(0, len(pks), 500):
@@ -158,10 +158,18 @@ def _columns_of(column: SemanticColumn, fields: Sequence[FilterField]) -> Select
     """``SELECT`` the primary key, ``column`` and ``fields`` of ``column``'s model, in Core
     (from the tables the mapper writes: a joined-inheritance parent's too, never a polymorphic
     union or the other subclasses' tables)."""
-    mapper = column.mapper
+    mapper = _owner(column)
     return select(*mapper.primary_key, column.column, *(f.column for f in fields)).select_from(
         mapper.persist_selectable
     )
+
+
+def _owner(column: SemanticColumn) -> Mapper[Any]:
+    """The mapper of the table holding ``column``: a joined-inheritance base's when the column
+    was found through a subclass, so that the base's other rows are read too."""
+    table = column.column.table
+    chain = list(column.mapper.iterate_to_root())
+    return next((m for m in reversed(chain) if m.local_table is table), column.mapper)
 
 
 @functools.lru_cache(maxsize=256)

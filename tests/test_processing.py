@@ -178,6 +178,45 @@ class Manager(Staff):
     }
 
 
+class Post(SemanticSearchMixin, _Inherited):
+    """The semantic column on a joined-inheritance base, with a subclass."""
+
+    __tablename__ = "post"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(20))
+    body: Mapped[str | None] = mapped_column(SemanticText())
+    __mapper_args__: ClassVar[dict[str, Any]] = {
+        "polymorphic_on": "kind",
+        "polymorphic_identity": "post",
+    }
+
+
+class Reply(Post):
+    __tablename__ = "reply"
+    id: Mapped[int] = mapped_column(sa.ForeignKey("post.id"), primary_key=True)
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "reply"}
+
+
+def test_a_base_tables_column_first_seen_through_a_subclass_syncs_every_row(
+    engine: Engine, store: Any
+) -> None:
+    _Inherited.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:  # the column is first met through the subclass's mapper
+        s.add(Reply(id=1, body="a reply about tides"))
+        s.commit()
+        s.add(Post(id=2, body="a post about tides"))  # a row of the base table only
+        s.commit()
+    idx.drain(engine, timeout=10)
+    (report,) = reconcile(idx, Post, engine)
+    assert (report.rows, report.queued) == (2, 0)
+    with factory() as s:
+        assert {h.obj.id for h in Post.semantic_search(s, "tides", limit=10)} == {1, 2}
+    idx.uninstall(factory)
+
+
 def test_rows_of_inherited_models_are_read_from_their_own_tables(
     engine: Engine, store: Any
 ) -> None:

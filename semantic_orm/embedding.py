@@ -133,13 +133,9 @@ def _dimension_from_files(path: str) -> int | None:
         except (OSError, ValueError):
             config = {}
         if kind == "Pooling":
-            mode = config.get("pooling_mode")  # sentence-transformers 6: a name or a list
-            modes = (
-                (1 if isinstance(mode, str) else len(mode) if isinstance(mode, list) else 0)
-                if mode is not None
-                else sum(1 for k, v in config.items() if k.startswith("pooling_mode_") and v)
-            )
-            width = config.get("embedding_dimension", config.get("word_embedding_dimension"))
+            from .embedding_onnx import pooling_modes, pooling_width  # no runtime imported
+
+            modes, width = len(pooling_modes(config)), pooling_width(config)
             if not isinstance(width, int) or modes < 1:
                 return None
             dimension = width * modes

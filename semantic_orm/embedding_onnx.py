@@ -44,6 +44,8 @@ __all__ = [
     "OnnxModel",
     "export_dir",
     "onnx_available",
+    "pooling_modes",
+    "pooling_width",
     "quantization_layout",
     "supports_onnx",
 ]
@@ -104,16 +106,33 @@ def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
     return str(transformer), pooling
 
 
-def _pooling_mode(pooling: dict[str, Any]) -> str | None:
-    """The one pooling mode of a ``1_Pooling/config.json`` (old or new keys), if supported."""
-    mode = pooling.get("pooling_mode")  # sentence-transformers 6: "mean", or a list of modes
-    if isinstance(mode, list) and len(mode) == 1:
-        mode = mode[0]
+def pooling_modes(pooling: dict[str, Any]) -> list[str]:
+    """The enabled modes of a ``1_Pooling/config.json``, in sentence-transformers 6's names
+    (``"mean"``, ``"cls"``...), read from its ``pooling_mode`` or from the older
+    ``pooling_mode_<name>: true`` flags."""
+    mode = pooling.get("pooling_mode")
     if mode is not None:
-        return _POOLING.get(mode) if isinstance(mode, str) else None
-    modes = [m for m in _POOLING.values() if pooling.get(f"pooling_mode_{m}")]
-    others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
-    return modes[0] if len(modes) == 1 and len(others) == 1 else None
+        if isinstance(mode, str):
+            return [mode]
+        return [str(m) for m in mode] if isinstance(mode, list) else []
+    legacy = {old: new for new, old in _POOLING.items()}
+    return [
+        legacy.get(key[len("pooling_mode_") :], key[len("pooling_mode_") :])
+        for key, on in pooling.items()
+        if key.startswith("pooling_mode_") and on
+    ]
+
+
+def pooling_width(pooling: dict[str, Any]) -> Any:
+    """The token embedding width a ``1_Pooling/config.json`` declares (either key), if any."""
+    return pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+
+
+def _pooling_mode(pooling: dict[str, Any]) -> str | None:
+    """The one pooling mode of a ``1_Pooling/config.json``, as this backend names it, if it is
+    one this backend runs."""
+    modes = pooling_modes(pooling)
+    return _POOLING.get(modes[0]) if len(modes) == 1 else None
 
 
 def supports_onnx(path: str) -> bool:
@@ -429,9 +448,7 @@ class OnnxModel:
         self.prompts: dict[str, str] = dict(st_config.get("prompts") or {})
         self.default_prompt_name: str | None = st_config.get("default_prompt_name")
         self._mode = str(_pooling_mode(pooling))
-        self._dimension = int(
-            pooling.get("embedding_dimension") or pooling["word_embedding_dimension"]
-        )
+        self._dimension = int(pooling_width(pooling))
         options = onnxruntime.SessionOptions()
         self.session = onnxruntime.InferenceSession(
             str(self.directory / _FILE), options, providers=["CPUExecutionProvider"]

@@ -272,7 +272,7 @@ def enqueue(
         returning: Read the new jobs' ids back (``False``: return nothing, a little faster).
         now: The current time (tests).
     """
-    rows = [JobKey(*k) for k in keys]
+    rows = [JobKey(table, column, str(pk)) for table, column, pk in keys]  # pks as stored
     if not rows:
         return []
     now = now or utcnow()
@@ -303,11 +303,7 @@ def enqueue(
         for ids in made.values():  # a key given twice: its ids in the order given
             ids.sort(reverse=True)
         jobs.extend(
-            Job(
-                made[JobKey(key.table, key.column, str(key.pk))].pop(),
-                key,
-                claimed_by=None if key in busy else claimed_by,
-            )
+            Job(made[key].pop(), key, claimed_by=None if key in busy else claimed_by)
             for key in rows[start : start + 1000]
         )
     return jobs

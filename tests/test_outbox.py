@@ -38,6 +38,23 @@ def test_enqueue_returns_the_jobs_and_leases_free_rows_only(tables: Engine) -> N
     # K1 is leased to "a": the new job waits, unclaimed; K2 was free
     assert [(j.key, j.claimed_by) for j in born] == [(K1, None), (K2, "b")]
     assert [j["id"] for j in jobs(tables)] == [first.id, *(j.id for j in born)]
+    # born with no other job of its row (K2, and K1 at first) / beside one (K1 later)
+    assert first.alone and [j.alone for j in born] == [False, True]
+
+
+def test_a_job_born_alone_settles_in_one_statement_and_spares_newer_jobs(
+    tables: Engine,
+) -> None:
+    with tables.begin() as conn:
+        (mine,) = outbox.enqueue(conn, [K1], claimed_by="t", lease=60)
+    with tables.begin() as conn:
+        (newer,) = outbox.enqueue(conn, [K1])  # a later change of the row, for a worker
+    statements: list[str] = []
+    with tables.begin() as conn:
+        sa.event.listen(conn, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        assert outbox.settle_done(conn, [mine], token="t") == []
+    assert len(statements) == 1 and statements[0].startswith("DELETE")  # no lookup of older
+    assert [j["id"] for j in jobs(tables)] == [newer.id]
 
 
 def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(tables: Engine) -> None:

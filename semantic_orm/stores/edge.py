@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import json
 import logging
 import os
@@ -59,6 +60,7 @@ log = logging.getLogger("semantic_orm")
 _schedule_lock = threading.Lock()
 
 
+@functools.cache  # once imported: it is looked up for every point written
 def _qe() -> Any:
     return import_optional(
         "qdrant_edge",

@@ -338,8 +338,9 @@ class DeferredSettle:
     (on SQLite, another commit to disk). Instead they wait here, still leased: the next flush of
     an installed session on the same database deletes them in its own transaction
     (:meth:`carry`, given back with :meth:`give_back` if that transaction does not commit), and
-    a timer deletes what is left :data:`SETTLE_DELAY` seconds after the first of them
-    (:meth:`flush`, in one short transaction per database).
+    a timer deletes what has waited :data:`SETTLE_DELAY` seconds (:meth:`flush`, in one short
+    transaction per database). In a steady stream of commits each flush takes the last
+    commit's jobs before they are due, so the timer never needs a transaction of its own.
 
     Args:
         processor: Whose jobs these are (its token holds their leases).
@@ -357,6 +358,8 @@ class DeferredSettle:
         self.requeued = requeued
         self.delay = delay
         self._jobs: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
+        # when the oldest of each database's waiting jobs came
+        self._since: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._closed = False
@@ -377,18 +380,26 @@ class DeferredSettle:
         if not jobs:
             return False
         with self._lock:
-            self._jobs.setdefault(engine, []).extend(jobs)
+            waiting = self._jobs.setdefault(engine, [])
+            if not waiting:
+                self._since[engine] = time.monotonic()
+            waiting.extend(jobs)
             if self._closed:
                 return True
             if self._timer is None:
-                self._timer = threading.Timer(self.delay, self._due)
-                self._timer.daemon = True
-                self._timer.start()
+                self._arm(self.delay)
         return False
+
+    def _arm(self, seconds: float) -> None:
+        """Start the timer (the lock held)."""
+        self._timer = threading.Timer(seconds, self._due)
+        self._timer.daemon = True
+        self._timer.start()
 
     def take(self, engine: Engine) -> list[Job]:
         """Remove and return ``engine``'s waiting jobs."""
         with self._lock:
+            self._since.pop(engine, None)
             return self._jobs.pop(engine, [])
 
     def carry(self, conn: Connection) -> tuple[list[Job], list[JobKey]]:
@@ -445,9 +456,17 @@ class DeferredSettle:
             timer.cancel()
 
     def _due(self) -> None:
+        """Settle the databases whose oldest waiting job has waited :attr:`delay`; wait again
+        for the younger ones (the next commit's flush usually takes them first)."""
+        now = time.monotonic()
         with self._lock:
             self._timer = None
-        self.flush()
+            due = [engine for engine, since in self._since.items() if now - since >= self.delay]
+        for engine in due:
+            self.flush(engine)
+        with self._lock:
+            if self._since and self._timer is None and not self._closed:
+                self._arm(max(0.0, min(self._since.values()) + self.delay - time.monotonic()))
 
     def close(self) -> None:
         """Settle what waits, and settle at once from now on."""

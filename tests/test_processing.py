@@ -384,6 +384,39 @@ def test_an_inline_commits_finished_jobs_go_with_the_next_commit_or_a_moment_lat
     assert assert_index_matches_database(tables, idx.store) == 2
 
 
+def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_own(
+    tables: Engine, installed: Any
+) -> None:
+    """Each commit's flush deletes the last one's finished jobs; the timer only settles what
+    waited its whole delay: the last commit's jobs, once the stream stops."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+    idx, factory = installed()
+    later = idx.processor.later
+    later.delay = 0.4
+    by_timer: list[int] = []
+    take = later.take
+
+    def watched(engine: Engine) -> list[Any]:
+        taken = take(engine)
+        if taken and isinstance(threading.current_thread(), threading.Timer):
+            by_timer.append(len(taken))
+        return taken
+
+    later.take = watched  # type: ignore[method-assign]
+    started = time.monotonic()
+    for i in range(1, 31):  # a commit every ~0.05 s, for several delays
+        with factory() as s:
+            s.add(Article(id=i, title="t", content=f"row {i} about rivers and lakes"))
+            s.commit()
+        time.sleep(0.05)
+    assert time.monotonic() - started > 3 * later.delay
+    assert by_timer == []  # the stream's own flushes took every job before it was due
+    assert settled(tables) == []  # the stream stopped: the timer settles the last commit's
+    assert by_timer == [1]
+    assert assert_index_matches_database(tables, idx.store) == 30
+
+
 def test_sigkill_before_finished_jobs_are_deleted_loses_nothing(
     tables: Engine, tmp_path: Path
 ) -> None:

@@ -372,17 +372,23 @@ class DeferredSettle:
             self.flush(engine)
 
     def give_back(self, engine: Engine, jobs: Sequence[Job]) -> None:
-        """Return jobs taken by :meth:`carry` whose transaction did not commit."""
-        self._keep(engine, jobs)
+        """Return jobs taken by :meth:`carry` whose transaction did not commit.
 
-    def _keep(self, engine: Engine, jobs: Sequence[Job]) -> bool:
-        """Store ``jobs`` and arm the timer; whether the caller must settle them itself (closed)."""
+        They have waited already: the timer settles them at its next turn (a session that
+        flushes and rolls back over and over cannot keep them waiting until their leases end).
+        """
+        if self._keep(engine, jobs, waited=self.delay):
+            self.flush(engine)
+
+    def _keep(self, engine: Engine, jobs: Sequence[Job], waited: float = 0.0) -> bool:
+        """Store ``jobs`` (waiting for ``waited`` seconds already) and arm the timer; whether
+        the caller must settle them itself (closed)."""
         if not jobs:
             return False
         with self._lock:
+            since = time.monotonic() - waited
             waiting = self._jobs.setdefault(engine, [])
-            if not waiting:
-                self._since[engine] = time.monotonic()
+            self._since[engine] = min(since, self._since.get(engine, since)) if waiting else since
             waiting.extend(jobs)
             if self._closed:
                 return True

@@ -417,6 +417,30 @@ def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_ow
     assert assert_index_matches_database(tables, idx.store) == 30
 
 
+def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
+    tables: Engine, installed: Any
+) -> None:
+    """Every flush takes the waiting jobs into its transaction and every rollback gives them
+    back: they keep their age, so the timer settles them (they do not wait for their lease)."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+    idx, factory = installed()
+    idx.processor.later.delay = 0.3
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    assert len(jobs(tables)) == 1  # synced, waiting to be deleted
+    deadline = time.monotonic() + 12 * idx.processor.later.delay
+    while jobs(tables) and time.monotonic() < deadline:
+        with factory() as s:
+            s.add(Article(id=2, title="t", content="never committed"))
+            s.flush()  # takes the finished job into this transaction...
+            s.rollback()  # ...and gives it back
+        time.sleep(0.05)
+    assert jobs(tables) == []
+    assert assert_index_matches_database(tables, idx.store) == 1
+
+
 def test_sigkill_before_finished_jobs_are_deleted_loses_nothing(
     tables: Engine, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -243,6 +244,15 @@ def _model_prompt(prompts: dict[str, str], default: str | None, names: Sequence[
         if name in prompts:
             return prompts[name]
     return prompts.get(default, "") if default else ""
+
+
+def _dtype_keyword() -> str:
+    """The ``from_pretrained`` keyword of the weights' dtype: ``dtype`` from transformers 4.56
+    on, ``torch_dtype`` before (which ignore ``dtype``)."""
+    from importlib.metadata import version
+
+    release = tuple(int(part) for part in re.findall(r"\d+", version("transformers"))[:2])
+    return "dtype" if release >= (4, 56) else "torch_dtype"
 
 
 class SentenceTransformerEmbedder:
@@ -463,16 +473,19 @@ class SentenceTransformerEmbedder:
                     "optimum-intel: pip install 'sentence-transformers[openvino]'"
                 )
             kwargs["backend"] = "openvino"
-        elif precision != "fp32":
+        dtype = None
+        if backend == "torch" and precision != "fp32":
             import torch
 
+            dtype = getattr(torch, {"fp16": "float16"}.get(precision, "bfloat16"))
             inner = dict(kwargs.get("model_kwargs") or {})
-            inner.setdefault(
-                "dtype", getattr(torch, {"fp16": "float16"}.get(precision, "bfloat16"))
-            )
+            inner.setdefault(_dtype_keyword(), dtype)  # loaded in it: no fp32 copy first
             kwargs["model_kwargs"] = inner
         try:
-            return SentenceTransformer(self._path, device=self._device, **kwargs)
+            model = SentenceTransformer(self._path, device=self._device, **kwargs)
+            if dtype is not None and next(model.parameters()).dtype != dtype:
+                model.to(dtype)  # the recorded precision is the one that runs, whatever loaded
+            return model
         except Exception as exc:
             raise EmbeddingError(
                 f"could not load embedding model {self._name!r} (from {self._path!r}): {exc}"

@@ -204,7 +204,8 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
         from transformers import AutoModel
     except ImportError as exc:
         raise MissingDependencyError(
-            f"exporting {path!r} to ONNX needs onnx, torch and transformers: {ONNX_HINT}"
+            f"exporting {path!r} to ONNX needs onnx ({ONNX_HINT}) and torch and transformers "
+            f"(pip install 'semantic-orm[embed]'); missing: {exc.name or exc}"
         ) from exc
 
     class LastHidden(torch.nn.Module):
@@ -437,8 +438,13 @@ class OnnxModel:
         if not (self.directory / _FILE).exists():
             _export(path, transformer, precision, self.directory)
             self.exported = True
-        from transformers import AutoTokenizer
-
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise MissingDependencyError(
+                "backend='onnx' reads the model's tokenizer with transformers: "
+                "pip install 'semantic-orm[embed]'"
+            ) from exc
         self.tokenizer = AutoTokenizer.from_pretrained(transformer)
         st_config = _read_json(Path(path) / "config_sentence_transformers.json")
         bert_config = _read_json(Path(path) / "sentence_bert_config.json")

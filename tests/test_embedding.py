@@ -353,6 +353,25 @@ def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatc
         embedder.encode(TEXTS[:1])
 
 
+@pytest.mark.parametrize("step", ["export", "tokenizer"])
+def test_onnx_without_transformers_names_the_embed_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str
+) -> None:
+    import semantic_orm.embedding_onnx as onnx_backend
+
+    if step == "tokenizer":  # an export already cached: only the tokenizer needs transformers
+
+        def cached(path: str, transformer: str, precision: str, final: Path) -> None:
+            final.mkdir(parents=True, exist_ok=True)
+            (final / onnx_backend._FILE).write_bytes(b"")
+
+        monkeypatch.setattr(onnx_backend, "_export", cached)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    embedder = SentenceTransformerEmbedder(backend="onnx", cache_dir=tmp_path)
+    with pytest.raises(MissingDependencyError, match=r"semantic-orm\[embed\]"):
+        embedder.encode(TEXTS[:1])
+
+
 def test_auto_backend_resolves_and_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     import semantic_orm.embedding_onnx as onnx_backend
 
@@ -367,6 +386,40 @@ def test_auto_backend_resolves_and_is_recorded(monkeypatch: pytest.MonkeyPatch) 
     assert SentenceTransformerEmbedder("/nonexistent/model", device="cpu").backend[0] == "torch"
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precisions_run_in_their_dtype(
+    torch_minilm: SentenceTransformerEmbedder, precision: str
+) -> None:
+    """What is recorded runs: weights in the precision asked for, even when the caller's own
+    ``model_kwargs`` loaded them otherwise; vectors stay float32, unit length, near fp32's."""
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    for kwargs in ({}, {"model_kwargs": {"dtype": torch.float32}}):
+        half = SentenceTransformerEmbedder(
+            backend="torch", precision=precision, device="cpu", model_kwargs=kwargs
+        )
+        assert half.backend == ("torch", precision)
+        assert {p.dtype for p in half.model.parameters()} == {dtype}
+        vectors = half.encode(TEXTS)
+        assert vectors.dtype == np.float32
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-2)
+        assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.99
+
+
+def test_the_dtype_keyword_follows_the_transformers_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers before 4.56 ignores ``dtype`` (it reads ``torch_dtype``)."""
+    import importlib.metadata
+
+    from semantic_orm.embedding import _dtype_keyword
+
+    for release, keyword in [("4.41.2", "torch_dtype"), ("4.56.0", "dtype"), ("5.2.0", "dtype")]:
+        monkeypatch.setattr(importlib.metadata, "version", lambda _name, r=release: r)
+        assert _dtype_keyword() == keyword
+
+
 def _cuda() -> bool:
     try:
         import torch
@@ -378,8 +431,11 @@ def _cuda() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_cuda_runs_fp16_end_to_end(torch_minilm: SentenceTransformerEmbedder) -> None:
+    import torch
+
     gpu = SentenceTransformerEmbedder(device="cuda")
     assert gpu.backend == ("torch", "fp16")
+    assert {p.dtype for p in gpu.model.parameters()} == {torch.float16}
     vectors = gpu.encode(TEXTS)
     assert vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)

@@ -164,12 +164,32 @@ def quantization_layout(machine: str | None = None, cpuinfo: str | None = None) 
 
 def default_cache_dir() -> Path:
     """``$SEMANTIC_ORM_CACHE``, else ``$XDG_CACHE_HOME/semantic_orm``, else
-    ``~/.cache/semantic_orm``."""
+    ``~/.cache/semantic_orm``; where that cannot be written (a container's read-only or missing
+    home), a directory of this user's under the system's temporary directory, with a warning."""
     found = os.environ.get("SEMANTIC_ORM_CACHE")
     if found:
         return Path(found)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "semantic_orm"
+    wanted = Path(base) / "semantic_orm"
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        if os.access(wanted, os.W_OK):
+            return wanted
+    except OSError:
+        pass
+    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    fallback = Path(tempfile.gettempdir()) / f"semantic_orm-{user}"
+    if fallback not in _warned_fallbacks:
+        _warned_fallbacks.add(fallback)
+        warnings.warn(
+            f"semantic_orm cannot write its cache in {wanted}: ONNX exports go to {fallback} "
+            "(set SEMANTIC_ORM_CACHE, or cache_dir=, to a lasting writable directory)",
+            stacklevel=2,
+        )
+    return fallback
+
+
+_warned_fallbacks: set[Path] = set()
 
 
 def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -353,6 +353,28 @@ def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatc
         embedder.encode(TEXTS[:1])
 
 
+def test_exports_go_to_a_temporary_directory_where_the_cache_cannot_be_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+    import tempfile
+
+    from semantic_orm.embedding_onnx import default_cache_dir
+
+    monkeypatch.delenv("SEMANTIC_ORM_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_cache_dir() == tmp_path / "cache" / "semantic_orm"  # created, writable
+    assert (tmp_path / "cache" / "semantic_orm").is_dir()
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))  # cannot be made
+    with pytest.warns(UserWarning, match="set SEMANTIC_ORM_CACHE"):
+        fallback = default_cache_dir()
+    assert fallback == tmp_path / "tmp" / f"semantic_orm-{os.getuid()}"
+    monkeypatch.setenv("SEMANTIC_ORM_CACHE", str(tmp_path / "chosen"))
+    assert default_cache_dir() == tmp_path / "chosen"  # an explicit choice is kept as given
+
+
 @pytest.mark.parametrize("step", ["export", "tokenizer"])
 def test_onnx_without_transformers_names_the_embed_extra(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str

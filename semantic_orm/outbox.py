@@ -52,6 +52,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Select,
     String,
     Table,
     Text,
@@ -194,7 +195,8 @@ class Job:
     claimed_by: str | None = None
     alone: bool = False
     """Born leased while its row had no other job: it supersedes none, so settling it looks
-    for none (writers are serialized and ids only grow while it lives)."""
+    for none. Sound where writers are serialized (SQLite, where :func:`enqueue` gives births a
+    lease) and ids only grow while the job lives."""
 
 
 _COLUMNS = (
@@ -224,16 +226,16 @@ _OF_ROWS = (
     outbox.c.column_name == bindparam("column"),
     outbox.c.row_pk.in_(bindparam("pks", expanding=True)),
 )
-# every job of the rows, each with whether a live lease holds it
-_ROW_JOBS = select(
-    outbox.c.id,
-    outbox.c.row_pk,
-    and_(
-        outbox.c.claimed_by.is_not(None),
-        outbox.c.next_attempt_at > bindparam("now"),
-        _alive(),
-    ),
-).where(*_OF_ROWS)
+_LIVE_LEASE = and_(
+    outbox.c.claimed_by.is_not(None), outbox.c.next_attempt_at > bindparam("now"), _alive()
+)
+_LEASED = select(outbox.c.id, outbox.c.row_pk).where(*_OF_ROWS, _LIVE_LEASE)
+# the rows that have jobs, each with whether a live lease holds one of them
+_WITH_JOBS = (
+    select(outbox.c.row_pk, func.max(case((_LIVE_LEASE, 1), else_=0)))
+    .where(*_OF_ROWS)
+    .group_by(outbox.c.row_pk)
+)
 _SUPERSEDED = select(outbox.c.id, outbox.c.row_pk).where(
     *_OF_ROWS,
     outbox.c.dead.is_(True)
@@ -333,32 +335,47 @@ def _key_groups(keys: Iterable[JobKey]) -> dict[tuple[str, str], list[str]]:
     return groups
 
 
-def _row_jobs(
+def _of_rows(
+    conn: Connection, statement: Select[Any], keys: Iterable[JobKey], now: dt.datetime
+) -> Iterator[tuple[str, str, Any]]:
+    """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
+    for (table, column), pks in _key_groups(set(keys)).items():
+        for part in _chunks(pks):
+            params = {"table": table, "column": column, "pks": list(part), "now": now}
+            for row in conn.execute(statement, params):
+                yield table, column, row
+
+
+def _leased_keys(
     conn: Connection,
     keys: Iterable[JobKey],
     *,
     now: dt.datetime,
     besides: Set[int] = frozenset(),
-) -> tuple[set[JobKey], set[JobKey]]:
-    """The keys with a live lease on one of their jobs, and the keys with any job at all
-    (the jobs ``besides`` not counted).
+) -> set[JobKey]:
+    """Keys with a live lease on one of their jobs (other than the jobs ``besides``).
 
     Any processor's lease counts, this process's too: two passes never sync one row at once.
     """
+    return {
+        JobKey(table, column, pk)
+        for table, column, (i, pk) in _of_rows(conn, _LEASED, keys, now)
+        if i not in besides
+    }
+
+
+def _row_jobs(
+    conn: Connection, keys: Iterable[JobKey], *, now: dt.datetime
+) -> tuple[set[JobKey], set[JobKey]]:
+    """The keys with a live lease on one of their jobs (as :func:`_leased_keys`), and the keys
+    with any job at all, in one statement."""
     busy: set[JobKey] = set()
     present: set[JobKey] = set()
-    for (table, column), pks in _key_groups(set(keys)).items():
-        for part in _chunks(pks):
-            found = conn.execute(
-                _ROW_JOBS, {"table": table, "column": column, "pks": list(part), "now": now}
-            )
-            for i, pk, leased in found:
-                if i in besides:
-                    continue
-                key = JobKey(table, column, pk)
-                present.add(key)
-                if leased:
-                    busy.add(key)
+    for table, column, (pk, leased) in _of_rows(conn, _WITH_JOBS, keys, now):
+        key = JobKey(table, column, pk)
+        present.add(key)
+        if leased:
+            busy.add(key)
     return busy, present
 
 
@@ -407,7 +424,7 @@ def claim(
     keys = {job.key for job in found}
     if postgres:
         keys = _advisory_locked(conn, keys)
-    keys -= _row_jobs(conn, keys, now=now, besides={job.id for job in found})[0]
+    keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
     jobs = [job for job in found if job.key in keys]
     for part in _chunks([job.id for job in jobs]):
         conn.execute(

@@ -21,6 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from semantic_orm import (
     ConfigurationError,
+    Embedder,
     EmbeddingDriftError,
     MissingDependencyError,
     SemanticIndex,
@@ -75,7 +76,7 @@ def make_model() -> Any:
 
 
 def setup_app(
-    engine: Engine, store: VectorStore, embedder: HashEmbedder, rows: bool
+    engine: Engine, store: VectorStore, embedder: Embedder, rows: bool
 ) -> tuple[SemanticIndex, sessionmaker[Any], Any]:
     model = make_model()
     model.metadata.create_all(engine)
@@ -463,3 +464,19 @@ def test_cuda_runs_fp16_end_to_end(torch_minilm: SentenceTransformerEmbedder) ->
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
     assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.99
     assert cosines(gpu.encode_query(TEXTS), vectors).min() > 0.999  # no prompts configured
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_cuda_commits_sync_and_search_end_to_end(engine: Engine, store: VectorStore) -> None:
+    """On a GPU the default embedder runs fp16 torch: rows committed through the ORM are
+    embedded there, the collection records it, and a search finds them by meaning."""
+    gpu = SentenceTransformerEmbedder(device="cuda")
+    idx, factory, model = setup_app(engine, store, gpu, rows=True)
+    info = store.collection_info("doc__body")
+    assert info is not None
+    assert (info["embedder"]["backend"], info["embedder"]["precision"]) == ("torch", "fp16")
+    with factory() as s:
+        (hit,) = model.semantic_search(s, "the physics of the strong nuclear force", limit=1)
+    assert hit.obj.id == 1
+    idx.uninstall(factory)

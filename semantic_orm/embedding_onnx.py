@@ -29,6 +29,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -177,19 +178,44 @@ def default_cache_dir() -> Path:
             return wanted
     except OSError:
         pass
-    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
-    fallback = Path(tempfile.gettempdir()) / f"semantic_orm-{user}"
-    if fallback not in _warned_fallbacks:
-        _warned_fallbacks.add(fallback)
+    return _temporary_cache(wanted)
+
+
+_temporary: list[Path] = []  # this process's private fallback, once made
+
+
+def _temporary_cache(wanted: Path) -> Path:
+    """A cache only this user can write under the temporary directory: ``semantic_orm-<uid>``
+    when it is this user's and closed to others (another user could have made it first, and
+    exports are loaded from it), else a fresh private directory for this process."""
+    if not _temporary:
+        uid = os.getuid() if hasattr(os, "getuid") else None
+        shared = Path(tempfile.gettempdir()) / f"semantic_orm-{uid}"
+        if uid is not None and _private(shared, uid):
+            _temporary.append(shared)
+        else:
+            _temporary.append(Path(tempfile.mkdtemp(prefix="semantic_orm-")))
         warnings.warn(
-            f"semantic_orm cannot write its cache in {wanted}: ONNX exports go to {fallback} "
-            "(set SEMANTIC_ORM_CACHE, or cache_dir=, to a lasting writable directory)",
-            stacklevel=2,
+            f"semantic_orm cannot write its cache in {wanted}: ONNX exports go to "
+            f"{_temporary[0]} (set SEMANTIC_ORM_CACHE, or cache_dir=, to a lasting writable "
+            "directory)",
+            stacklevel=3,
         )
-    return fallback
+    return _temporary[0]
 
 
-_warned_fallbacks: set[Path] = set()
+def _private(path: Path, uid: int) -> bool:
+    """Whether ``path`` is (made) a directory of user ``uid`` that no one else can write."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = path.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == uid
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -354,26 +354,41 @@ def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatc
         embedder.encode(TEXTS[:1])
 
 
-def test_exports_go_to_a_temporary_directory_where_the_cache_cannot_be_written(
+def test_exports_go_to_a_private_temporary_directory_where_the_cache_cannot_be_written(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import os
+    import stat
     import tempfile
 
-    from semantic_orm.embedding_onnx import default_cache_dir
+    import semantic_orm.embedding_onnx as onnx_backend
 
     monkeypatch.delenv("SEMANTIC_ORM_CACHE", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert default_cache_dir() == tmp_path / "cache" / "semantic_orm"  # created, writable
+    assert onnx_backend.default_cache_dir() == tmp_path / "cache" / "semantic_orm"  # made
     assert (tmp_path / "cache" / "semantic_orm").is_dir()
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))  # cannot be made
+
+    monkeypatch.setattr(onnx_backend, "_temporary", [])
     with pytest.warns(UserWarning, match="set SEMANTIC_ORM_CACHE"):
-        fallback = default_cache_dir()
+        fallback = onnx_backend.default_cache_dir()
     assert fallback == tmp_path / "tmp" / f"semantic_orm-{os.getuid()}"
+    assert stat.S_IMODE(fallback.stat().st_mode) == 0o700  # no one else writes exports there
+    assert onnx_backend.default_cache_dir() == fallback  # one per process, warned once
+
+    # a directory of that name others can write (made first by someone else): not used
+    monkeypatch.setattr(onnx_backend, "_temporary", [])
+    fallback.chmod(0o777)
+    with pytest.warns(UserWarning, match="set SEMANTIC_ORM_CACHE"):
+        private = onnx_backend.default_cache_dir()
+    assert private.parent == tmp_path / "tmp" and private != fallback
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
     monkeypatch.setenv("SEMANTIC_ORM_CACHE", str(tmp_path / "chosen"))
-    assert default_cache_dir() == tmp_path / "chosen"  # an explicit choice is kept as given
+    assert onnx_backend.default_cache_dir() == tmp_path / "chosen"  # an explicit choice is kept
 
 
 @pytest.mark.parametrize("step", ["export", "tokenizer"])

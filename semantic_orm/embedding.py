@@ -248,11 +248,29 @@ def _model_prompt(prompts: dict[str, str], default: str | None, names: Sequence[
 
 def _dtype_keyword() -> str:
     """The ``from_pretrained`` keyword of the weights' dtype: ``dtype`` from transformers 4.56
-    on, ``torch_dtype`` before (which ignore ``dtype``)."""
-    from importlib.metadata import version
+    on, ``torch_dtype`` before (which do not take ``dtype``) or when the release is unknown."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    release = tuple(int(part) for part in re.findall(r"\d+", version("transformers"))[:2])
+    try:
+        release = tuple(int(part) for part in re.findall(r"\d+", version("transformers"))[:2])
+    except PackageNotFoundError:  # a source checkout: the older keyword, which all accept
+        return "torch_dtype"
     return "dtype" if release >= (4, 56) else "torch_dtype"
+
+
+def _in_dtype(model: Any, dtype: Any) -> None:
+    """Put a loaded sentence-transformers ``model`` in ``dtype``: the first module (the
+    transformer) only if the loader ignored the dtype asked for, so the modules transformers
+    keeps in fp32 on purpose stay so; the later ones (pooling, dense) always, as
+    sentence-transformers 3.0 left them in fp32."""
+    modules = list(model.children())
+    if not modules:
+        return
+    first = next(modules[0].parameters(), None)
+    if first is not None and first.dtype != dtype:
+        modules[0].to(dtype)
+    for module in modules[1:]:
+        module.to(dtype)
 
 
 class SentenceTransformerEmbedder:
@@ -479,12 +497,14 @@ class SentenceTransformerEmbedder:
 
             dtype = getattr(torch, {"fp16": "float16"}.get(precision, "bfloat16"))
             inner = dict(kwargs.get("model_kwargs") or {})
-            inner.setdefault(_dtype_keyword(), dtype)  # loaded in it: no fp32 copy first
+            inner.pop("dtype", None)  # the recorded precision is the one that runs
+            inner.pop("torch_dtype", None)
+            inner[_dtype_keyword()] = dtype  # loaded in it: no fp32 copy first
             kwargs["model_kwargs"] = inner
         try:
             model = SentenceTransformer(self._path, device=self._device, **kwargs)
-            if dtype is not None and next(model.parameters()).dtype != dtype:
-                model.to(dtype)  # the recorded precision is the one that runs, whatever loaded
+            if dtype is not None:
+                _in_dtype(model, dtype)
             return model
         except Exception as exc:
             raise EmbeddingError(

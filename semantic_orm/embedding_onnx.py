@@ -22,6 +22,7 @@ Nothing here imports onnxruntime, torch or transformers until a model is loaded 
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -31,6 +32,7 @@ import platform
 import shutil
 import stat
 import tempfile
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,27 +183,39 @@ def default_cache_dir() -> Path:
     return _temporary_cache(wanted)
 
 
-_temporary: list[Path] = []  # this process's private fallback, once made
+_temporary_lock = threading.Lock()
+_made: list[Path] = []  # this process's own fallback, once made (removed at exit)
+_warned: set[Path] = set()
 
 
 def _temporary_cache(wanted: Path) -> Path:
     """A cache only this user can write under the temporary directory: ``semantic_orm-<uid>``
-    when it is this user's and closed to others (another user could have made it first, and
-    exports are loaded from it), else a fresh private directory for this process."""
-    if not _temporary:
-        uid = os.getuid() if hasattr(os, "getuid") else None
-        shared = Path(tempfile.gettempdir()) / f"semantic_orm-{uid}"
+    while it is this user's and closed to others (checked at each use: another user could
+    have made it first, and exports are loaded from it), else a private directory of this
+    process's, removed at exit."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    shared = Path(tempfile.gettempdir()) / f"semantic_orm-{uid}"
+    with _temporary_lock:
         if uid is not None and _private(shared, uid):
-            _temporary.append(shared)
+            chosen = shared
         else:
-            _temporary.append(Path(tempfile.mkdtemp(prefix="semantic_orm-")))
-        warnings.warn(
-            f"semantic_orm cannot write its cache in {wanted}: ONNX exports go to "
-            f"{_temporary[0]} (set SEMANTIC_ORM_CACHE, or cache_dir=, to a lasting writable "
-            "directory)",
-            stacklevel=3,
-        )
-    return _temporary[0]
+            if not _made:
+                made = Path(tempfile.mkdtemp(prefix="semantic_orm-"))
+                atexit.register(shutil.rmtree, made, ignore_errors=True)
+                _made.append(made)
+            chosen = _made[0]
+        if chosen in _warned:
+            return chosen
+        _warned.add(chosen)
+    refused = (
+        f" ({shared} is not this user's alone)" if uid is not None and chosen != shared else ""
+    )
+    warnings.warn(
+        f"semantic_orm cannot write its cache in {wanted}: ONNX exports go to {chosen}{refused}; "
+        "set SEMANTIC_ORM_CACHE, or cache_dir=, to a lasting writable directory",
+        stacklevel=3,
+    )
+    return chosen
 
 
 def _private(path: Path, uid: int) -> bool:
@@ -250,8 +264,9 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
         from transformers import AutoModel
     except ImportError as exc:
         raise MissingDependencyError(
-            f"exporting {path!r} to ONNX needs onnx ({ONNX_HINT}) and torch and transformers "
-            f"(pip install 'semantic-orm[embed]'); missing: {exc.name or exc}"
+            f"exporting {path!r} to ONNX needs onnx, torch and transformers: pip install "
+            "'semantic-orm[embed]' (it brings onnx and onnxruntime too); "
+            f"missing: {exc.name or exc}"
         ) from exc
 
     class LastHidden(torch.nn.Module):

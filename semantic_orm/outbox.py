@@ -342,7 +342,7 @@ def _of_rows(
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
             params = {"table": table, "column": column, "pks": list(part), "now": now}
-            for row in conn.execute(statement, params):
+            for row in conn.execute(statement, params).all():  # no cursor left open
                 yield table, column, row
 
 

@@ -8,6 +8,7 @@ backends of :class:`SentenceTransformerEmbedder` are checked on the real default
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -354,17 +355,20 @@ def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatc
         embedder.encode(TEXTS[:1])
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX users and modes")
 def test_exports_go_to_a_private_temporary_directory_where_the_cache_cannot_be_written(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import os
     import stat
     import tempfile
+    import warnings
 
     import semantic_orm.embedding_onnx as onnx_backend
 
     monkeypatch.delenv("SEMANTIC_ORM_CACHE", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(onnx_backend, "_made", [])
+    monkeypatch.setattr(onnx_backend, "_warned", set())
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert onnx_backend.default_cache_dir() == tmp_path / "cache" / "semantic_orm"  # made
@@ -372,17 +376,17 @@ def test_exports_go_to_a_private_temporary_directory_where_the_cache_cannot_be_w
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))  # cannot be made
 
-    monkeypatch.setattr(onnx_backend, "_temporary", [])
     with pytest.warns(UserWarning, match="set SEMANTIC_ORM_CACHE"):
         fallback = onnx_backend.default_cache_dir()
     assert fallback == tmp_path / "tmp" / f"semantic_orm-{os.getuid()}"
     assert stat.S_IMODE(fallback.stat().st_mode) == 0o700  # no one else writes exports there
-    assert onnx_backend.default_cache_dir() == fallback  # one per process, warned once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert onnx_backend.default_cache_dir() == fallback  # warned once
 
-    # a directory of that name others can write (made first by someone else): not used
-    monkeypatch.setattr(onnx_backend, "_temporary", [])
+    # now writable by others (as if someone else had made it first): checked at each use
     fallback.chmod(0o777)
-    with pytest.warns(UserWarning, match="set SEMANTIC_ORM_CACHE"):
+    with pytest.warns(UserWarning, match="is not this user's alone"):
         private = onnx_backend.default_cache_dir()
     assert private.parent == tmp_path / "tmp" and private != fallback
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
@@ -432,8 +436,10 @@ def test_half_precisions_run_in_their_dtype(
     ``model_kwargs`` loaded them otherwise; vectors stay float32, unit length, near fp32's."""
     import torch
 
+    from semantic_orm.embedding import _dtype_keyword
+
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    for kwargs in ({}, {"model_kwargs": {"dtype": torch.float32}}):
+    for kwargs in ({}, {"model_kwargs": {_dtype_keyword(): torch.float32}}):
         half = SentenceTransformerEmbedder(
             backend="torch", precision=precision, device="cpu", model_kwargs=kwargs
         )
@@ -445,6 +451,34 @@ def test_half_precisions_run_in_their_dtype(
         assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.99
 
 
+def test_a_loader_that_ignores_the_dtype_still_runs_the_recorded_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's own dtype keys give way to the recorded precision's, and a model that
+    loaded in fp32 anyway (sentence-transformers 3.0 left the modules after the transformer
+    so) is put in it."""
+    import sentence_transformers
+    import torch
+
+    from semantic_orm.embedding import _dtype_keyword
+
+    real = sentence_transformers.SentenceTransformer
+    asked: list[dict[str, Any]] = []
+
+    def ignoring(*args: Any, **kwargs: Any) -> Any:
+        asked.append(dict(kwargs.get("model_kwargs") or {}))
+        return real(*args, **kwargs).float()
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", ignoring)
+    mine = {"dtype": torch.float32, "torch_dtype": torch.float32}
+    half = SentenceTransformerEmbedder(
+        backend="torch", precision="bf16", device="cpu", model_kwargs={"model_kwargs": mine}
+    )
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert asked == [{_dtype_keyword(): torch.bfloat16}]
+    assert half.encode(TEXTS).dtype == np.float32
+
+
 def test_the_dtype_keyword_follows_the_transformers_release(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -453,9 +487,22 @@ def test_the_dtype_keyword_follows_the_transformers_release(
 
     from semantic_orm.embedding import _dtype_keyword
 
-    for release, keyword in [("4.41.2", "torch_dtype"), ("4.56.0", "dtype"), ("5.2.0", "dtype")]:
+    for release, keyword in [
+        ("4.41.2", "torch_dtype"),
+        ("4.55.4", "torch_dtype"),
+        ("4.56.0", "dtype"),
+        ("4.57.0.dev0", "dtype"),
+        ("5.0.0rc1", "dtype"),
+        ("5.2.0", "dtype"),
+    ]:
         monkeypatch.setattr(importlib.metadata, "version", lambda _name, r=release: r)
         assert _dtype_keyword() == keyword
+
+    def missing(_name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(_name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert _dtype_keyword() == "torch_dtype"  # unknown release: the keyword all of them take
 
 
 def _cuda() -> bool:
@@ -492,6 +539,8 @@ def test_cuda_commits_sync_and_search_end_to_end(engine: Engine, store: VectorSt
     assert info is not None
     assert (info["embedder"]["backend"], info["embedder"]["precision"]) == ("torch", "fp16")
     with factory() as s:
-        (hit,) = model.semantic_search(s, "the physics of the strong nuclear force", limit=1)
+        (hit,) = model.semantic_search(
+            s, "what holds protons and neutrons together", limit=1, mode="dense"
+        )
     assert hit.obj.id == 1
     idx.uninstall(factory)

@@ -425,7 +425,7 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
     idx, factory = installed()
-    idx.processor.later.delay = 0.3
+    idx.processor.later.delay = 1.0  # the job waits for it before the loop starts
     with factory() as s:
         s.add(Article(id=1, title="t", content="a row about rivers"))
         s.commit()

@@ -65,6 +65,8 @@ _POOLING = {
 }
 """The pooling modes this backend runs: sentence-transformers 6's names, and the older ones
 (``pooling_mode_<old>: true``) that models saved before it carry."""
+_LEGACY_POOLING = {old: new for new, old in _POOLING.items()}
+"""Sentence-transformers 6's name of each older ``pooling_mode_<old>`` flag."""
 _FILE = "model.onnx"
 _RECIPE = 2
 """How exports are made (part of the cache key): 2 fuses attention and quantises weights to
@@ -118,9 +120,8 @@ def pooling_modes(pooling: dict[str, Any]) -> list[str]:
         if isinstance(mode, str):
             return [mode]
         return [str(m) for m in mode] if isinstance(mode, list) else []
-    legacy = {old: new for new, old in _POOLING.items()}
     return [
-        legacy.get(key[len("pooling_mode_") :], key[len("pooling_mode_") :])
+        _LEGACY_POOLING.get(key[len("pooling_mode_") :], key[len("pooling_mode_") :])
         for key, on in pooling.items()
         if key.startswith("pooling_mode_") and on
     ]

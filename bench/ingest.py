@@ -205,8 +205,6 @@ def same_payloads(index: SemanticIndex, analyzer: KeywordAnalyzer) -> Any:
 
     def payload_of(key: str, body: str, c: Any) -> dict[str, Any]:
         return PointPayload(
-            table="raw_doc",
-            column="body",
             pk=key,
             chunk_index=c.index,
             start_offset=c.start_offset,

@@ -218,12 +218,7 @@ class Applier:
             current[(stored.pk, stored.chunk_index)] = dict(point.payload)
 
         column = binding.column
-        table, name, collection, analysed_by = (
-            column.table,
-            column.name,
-            binding.collection,
-            analyzer.id,
-        )
+        collection, analysed_by = binding.collection, analyzer.id
         # (id, vector or None, payload, keyword vector): dense vectors are reused when a chunk's
         # text is unchanged; keyword vectors are cheap, so every written point recomputes its own
         slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
@@ -234,8 +229,6 @@ class Applier:
             for chunk in chunks:
                 digest = text_hash(chunk.text)
                 payload = PointPayload(
-                    table=table,
-                    column=name,
                     pk=pk,
                     chunk_index=chunk.index,
                     start_offset=chunk.start_offset,

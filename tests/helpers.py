@@ -102,7 +102,8 @@ def assert_index_matches_database(
         assert got == want, f"row {key}: points {got} != chunks {want}"
         for p in found:
             piece = (text or "")[p["start_offset"] : p["end_offset"]]
-            assert p[PointPayload.CHUNK_HASH_KEY] == text_hash(piece), f"row {key}: stale text"
+            stored = PointPayload.from_dict(p).chunk_hash
+            assert stored == text_hash(piece), f"row {key}: stale text"
         total += len(want)
     assert not by_row, f"points of rows absent from SQL: {sorted(by_row)[:5]}"
     assert store.count(collection) == total

@@ -10,12 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
 from semantic_orm import EdgeStore, SemanticIndex, signals
-from semantic_orm.maintenance import reindex
+from semantic_orm.applying import text_hash
+from semantic_orm.maintenance import reconcile, reindex
+from semantic_orm.mapping import semantic_columns
+from semantic_orm.stores import PointPayload, VectorPoint
 from semantic_orm.testing import HashEmbedder
 
 from .helpers import COLL, LONG, assert_index_matches_database, points_of
@@ -33,11 +37,18 @@ def test_insert_syncs_chunks_with_exact_offsets(
     assert len(pts) > 3
     assert [p["chunk_index"] for p in pts] == list(range(len(pts)))
     for p in pts:
-        assert p["table"] == "article" and p["column"] == "content" and p["pk"] == str(art.id)
+        assert p["pk"] == str(art.id)
         assert p["total_chunks"] == len(pts)
         assert 0 < p["end_offset"] - p["start_offset"] <= 200
     assert pts[0]["start_offset"] == 0
     assert pts[-1]["end_offset"] == len(LONG.rstrip())
+    # the library's own values are one string (the collection already says table and column)
+    assert not {"table", "column", "hash", "row", "cfg", "kw"} & set(pts[0])
+    first = PointPayload.from_dict(pts[0])
+    assert first.chunk_hash == text_hash(LONG[: pts[0]["end_offset"]])
+    assert first.text_hash == text_hash(LONG)
+    binding = index.binding_for(semantic_columns(inspect(Article))[0])
+    assert (first.config, first.analyzer) == (binding.fingerprint, binding.analyzer.id)
 
 
 def test_ten_megabyte_text(Session: sessionmaker[OrmSession], index: SemanticIndex) -> None:
@@ -134,6 +145,45 @@ def test_editing_one_paragraph_embeds_only_its_chunks(tables: Engine, store: Any
         factory(), "entirely different", limit=1, group_by="chunk", mode="keyword", index=idx
     )
     assert "entirely different" in kw[0].chunk.text
+
+
+def test_points_written_with_the_former_payload_keys_keep_their_vectors(
+    tables: Engine, store: Any
+) -> None:
+    """Points stored before the digests were packed into one value (one key each, and the
+    table and column) are read as they are, and rewritten in the new form by the row's next
+    sync without embedding anything."""
+    embedder = HashEmbedder()
+    idx = SemanticIndex(store=store, embedder=embedder)
+    factory = sessionmaker(tables, expire_on_commit=False)
+    idx.install(factory)
+    with factory() as s:
+        kept, edited = Article(title="a", content=LONG), Article(title="b", content=LONG)
+        s.add_all([kept, edited])
+        s.commit()
+    former = []
+    for hit in store.existing(COLL, [str(kept.id), str(edited.id)]):
+        p = PointPayload.from_dict(hit.payload)
+        legacy = {k: v for k, v in hit.payload.items() if k != PointPayload.DIGESTS_KEY}
+        legacy |= {"table": "article", "column": "content", "hash": p.chunk_hash}
+        legacy |= {"row": p.text_hash, "cfg": p.config, "kw": p.analyzer}
+        former.append(VectorPoint(hit.id, hit.vector, legacy))
+    store.upsert(COLL, former)
+    assert all("cfg" in p and "digests" not in p for p in points_of(idx, kept.id))
+    (report,) = reconcile(idx, Article, tables)  # digests and settings read as before
+    assert (report.in_sync, report.changed, report.missing) == (2, 0, 0)
+    before = embedder.texts_encoded
+    assert reindex(idx, Article, tables, all_rows=True) == 2
+    assert embedder.texts_encoded == before  # every vector reused
+    with factory() as s:
+        s.get(Article, edited.id).content = LONG + "\n\nOne paragraph more at the end."
+        s.commit()
+    assert embedder.texts_encoded - before <= 2  # the new last chunk(s) only
+    for pk in (kept.id, edited.id):
+        for p in points_of(idx, pk):
+            assert "digests" in p and not {"cfg", "hash", "table"} & set(p)
+    assert_index_matches_database(tables, store)
+    idx.uninstall(factory)
 
 
 def test_reindexing_unchanged_rows_embeds_nothing(tables: Engine, store: Any) -> None:

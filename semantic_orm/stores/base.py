@@ -96,13 +96,15 @@ class PointPayload:
     """What a point says about its chunk, stored as its Qdrant payload.
 
     The stored keys are the class attributes ``*_KEY``; :meth:`to_dict` writes them and
-    :meth:`from_dict` reads them back from a hit.
+    :meth:`from_dict` reads them back from a hit. The four values only the library reads (the
+    chunk's and the row's digests, the settings' fingerprint, the analyser's version) are
+    stored as one string under :attr:`DIGESTS_KEY`: a store's client converts each payload
+    value on its own (Qdrant Edge's binding spends ~4 µs on a string), and no filter reads
+    them. The table and the column are not stored: a collection holds one column's points.
+    Payloads written before (``hash``, ``row``, ``cfg``, ``kw``, ``table``, ``column`` keys)
+    are still read; a row's next write stores the new form (its vectors are kept).
     """
 
-    table: str
-    """The row's table (``schema.table`` when it has a schema)."""
-    column: str
-    """The semantic column's name in the database."""
     pk: str
     """The row's key (:func:`semantic_orm.mapping.row_key`)."""
     chunk_index: int
@@ -123,36 +125,30 @@ class PointPayload:
     fields: Mapping[str, Any] = field(default_factory=dict)
     """Values of the row's filter columns, stored for filtered search."""
 
-    TABLE_KEY = "table"
-    COLUMN_KEY = "column"
     PK_KEY = "pk"
     CHUNK_INDEX_KEY = "chunk_index"
     START_KEY = "start_offset"
     END_KEY = "end_offset"
     TOTAL_KEY = "total_chunks"
-    CHUNK_HASH_KEY = "hash"
-    CONFIG_KEY = "cfg"
-    ANALYZER_KEY = "kw"
-    TEXT_HASH_KEY = "row"
+    DIGESTS_KEY = "digests"
+    """``"<chunk digest> <row digest> <fingerprint> <analyser>"`` (the analyser's id last: it
+    may hold any character; the others are hexadecimal)."""
     META_KEY = "meta"
     FIELDS_KEY = "f"
     SEARCH_KEYS = (PK_KEY, CHUNK_INDEX_KEY, START_KEY, END_KEY, TOTAL_KEY, META_KEY)
     """The keys a search reads of each hit (:attr:`SearchRequest.payload`)."""
+    _LEGACY_DIGEST_KEYS = ("hash", "row", "cfg", "kw")
+    """Where payloads written before :attr:`DIGESTS_KEY` keep the same four values."""
 
     def to_dict(self) -> dict[str, Any]:
         """The payload as stored (empty ``meta`` and ``fields`` are omitted)."""
         out: dict[str, Any] = {
-            self.TABLE_KEY: self.table,
-            self.COLUMN_KEY: self.column,
             self.PK_KEY: self.pk,
             self.CHUNK_INDEX_KEY: self.chunk_index,
             self.START_KEY: self.start_offset,
             self.END_KEY: self.end_offset,
             self.TOTAL_KEY: self.total_chunks,
-            self.CHUNK_HASH_KEY: self.chunk_hash,
-            self.CONFIG_KEY: self.config,
-            self.ANALYZER_KEY: self.analyzer,
-            self.TEXT_HASH_KEY: self.text_hash,
+            self.DIGESTS_KEY: (f"{self.chunk_hash} {self.text_hash} {self.config} {self.analyzer}"),
         }
         if self.meta:
             out[self.META_KEY] = dict(self.meta)
@@ -164,18 +160,23 @@ class PointPayload:
     def from_dict(cls, raw: Mapping[str, Any]) -> PointPayload:
         """Read a stored payload (keys a point written by an older version lacks default)."""
         get = raw.get  # a search reads one per candidate
+        packed = get(cls.DIGESTS_KEY)
+        if packed is not None:
+            digests = str(packed).split(" ", 3)
+            digests += [""] * (4 - len(digests))
+        else:
+            digests = [str(get(key, "")) for key in cls._LEGACY_DIGEST_KEYS]
+        chunk_hash, text_hash, config, analyzer = digests
         return cls(
-            table=str(get(cls.TABLE_KEY, "")),
-            column=str(get(cls.COLUMN_KEY, "")),
             pk=str(get(cls.PK_KEY, "")),
             chunk_index=int(get(cls.CHUNK_INDEX_KEY, 0)),
             start_offset=int(get(cls.START_KEY, 0)),
             end_offset=int(get(cls.END_KEY, 0)),
             total_chunks=int(get(cls.TOTAL_KEY, 0)),
-            chunk_hash=str(get(cls.CHUNK_HASH_KEY, "")),
-            config=str(get(cls.CONFIG_KEY, "")),
-            analyzer=str(get(cls.ANALYZER_KEY, "")),
-            text_hash=str(get(cls.TEXT_HASH_KEY, "")),
+            chunk_hash=chunk_hash,
+            config=config,
+            analyzer=analyzer,
+            text_hash=text_hash,
             meta=dict(get(cls.META_KEY) or {}),
             fields=dict(get(cls.FIELDS_KEY) or {}),
         )

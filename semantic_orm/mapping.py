@@ -55,7 +55,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def table_name(table: Any) -> str:
-    """A table's name as jobs and payloads record it: ``schema.table`` when it has a schema."""
+    """A table's name as jobs and collections record it: ``schema.table`` when it has one."""
     schema = getattr(table, "schema", None)
     return f"{schema}.{table.name}" if schema else str(table.name)
 

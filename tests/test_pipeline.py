@@ -170,20 +170,32 @@ def test_points_written_with_the_former_payload_keys_keep_their_vectors(
         former.append(VectorPoint(hit.id, hit.vector, legacy))
     store.upsert(COLL, former)
     assert all("cfg" in p and "digests" not in p for p in points_of(idx, kept.id))
-    (report,) = reconcile(idx, Article, tables)  # digests and settings read as before
+    before = embedder.texts_encoded
+    with factory() as s:  # a row written while its points have the former keys
+        s.get(Article, edited.id).content = LONG + "\n\nOne paragraph more at the end."
+        s.commit()
+    assert 0 < embedder.texts_encoded - before <= 2  # the new last chunk(s) only
+    assert all("digests" in p and "cfg" not in p for p in points_of(idx, edited.id))
+    assert all("cfg" in p for p in points_of(idx, kept.id))  # not written: as it was
+    (report,) = reconcile(idx, Article, tables)  # both forms read alike
     assert (report.in_sync, report.changed, report.missing) == (2, 0, 0)
     before = embedder.texts_encoded
     assert reindex(idx, Article, tables, all_rows=True) == 2
     assert embedder.texts_encoded == before  # every vector reused
-    with factory() as s:
-        s.get(Article, edited.id).content = LONG + "\n\nOne paragraph more at the end."
-        s.commit()
-    assert embedder.texts_encoded - before <= 2  # the new last chunk(s) only
     for pk in (kept.id, edited.id):
         for p in points_of(idx, pk):
             assert "digests" in p and not {"cfg", "hash", "table"} & set(p)
     assert_index_matches_database(tables, store)
     idx.uninstall(factory)
+
+
+def test_the_packed_digests_read_back_whatever_they_hold() -> None:
+    for analyzer in ("2", "2:german", "3:a b"):  # the analyser's id is last: any character
+        for whole in ("", "8e16aeffd95e26c8f147"):
+            p = PointPayload("7", 0, 0, 5, 1, "1d52", "61dc", analyzer, whole, {"segment": 1})
+            assert PointPayload.from_dict(p.to_dict()) == p
+    # a payload read without its digests (a search names the keys it reads) has none
+    assert PointPayload.from_dict({"pk": "7"}).config == ""
 
 
 def test_reindexing_unchanged_rows_embeds_nothing(tables: Engine, store: Any) -> None:

@@ -148,7 +148,7 @@ class PointPayload:
             self.START_KEY: self.start_offset,
             self.END_KEY: self.end_offset,
             self.TOTAL_KEY: self.total_chunks,
-            self.DIGESTS_KEY: (f"{self.chunk_hash} {self.text_hash} {self.config} {self.analyzer}"),
+            self.DIGESTS_KEY: f"{self.chunk_hash} {self.text_hash} {self.config} {self.analyzer}",
         }
         if self.meta:
             out[self.META_KEY] = dict(self.meta)

@@ -546,7 +546,10 @@ class SemanticIndex:
         try:
             if staged.born:  # deleted by the next commit or a moment later (see settle())
                 defer = not _shared_pool(engine)  # one connection: a timer would wait for it
-                reports.append(self.processor.process(engine, claimed=staged.born, defer=defer))
+                born = self.processor.process(
+                    engine, claimed=staged.born, defer=defer, written=staged.written
+                )
+                reports.append(born)
             rest = _unborn(staged)
             if rest:
                 reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
@@ -564,7 +567,10 @@ class SemanticIndex:
         reports: list[ProcessReport] = []
         try:
             if staged.born:
-                reports.append(await self.processor.aprocess(aengine, claimed=staged.born))
+                born = await self.processor.aprocess(
+                    aengine, claimed=staged.born, written=staged.written
+                )
+                reports.append(born)
             rest = _unborn(staged)
             if rest:
                 reports.append(await self.processor.aprocess(aengine, ids=rest, limit=len(rest)))

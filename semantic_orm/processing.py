@@ -38,8 +38,9 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, select
@@ -67,6 +68,10 @@ timer deletes them in a transaction of its own."""
 
 Resolve = Callable[[str, str], ColumnBinding | None]
 """Maps a job's ``(table, column)`` to the binding that syncs it (``None``: not mapped here)."""
+
+
+_NONE: Mapping[JobKey, str | None] = MappingProxyType({})
+"""No row's text known: every row is read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,13 +250,16 @@ class Processor:
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
         defer: bool = False,
+        written: Mapping[JobKey, str | None] = _NONE,
     ) -> ProcessReport:
         """One pass: claim due jobs (or those among ``ids``), sync their rows, settle them.
 
         ``claimed`` are jobs this processor already holds (born leased to its token), synced
-        without a claim transaction; with ``defer``, if every one of them succeeds they are
-        settled later (:attr:`later`), not in a transaction of their own. Never raises for a
-        job's failure; raises only if the database itself fails.
+        without a claim transaction, and ``written`` the text their commit wrote to some of
+        their rows (those are not read again, see :meth:`_Pass.group`); with ``defer``, if
+        every one of them succeeds they are settled later (:attr:`later`), not in a transaction
+        of their own. Never raises for a job's failure; raises only if the database itself
+        fails.
         """
         run = _Pass(self)
         try:
@@ -268,10 +276,12 @@ class Processor:
                         return run.report  # idle: no write transaction at all
                 with self.writing(engine) as conn:
                     claimed = run.claim(conn, limit, ids)
+                written = _NONE  # claimed now: another pass may have synced a newer value
             if claimed:
                 run.jobs = list(claimed)
-                with engine.connect() as conn:
-                    run.read(conn)
+                if run.group(written):
+                    with engine.connect() as conn:
+                        run.read(conn)
                 run.apply()
                 if defer and not run.failed:
                     run.report.done = len(run.jobs)
@@ -291,6 +301,7 @@ class Processor:
         limit: int = 256,
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
+        written: Mapping[JobKey, str | None] = _NONE,
     ) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
         embedding and the store calls in a worker thread; the loop is never blocked."""
@@ -311,10 +322,12 @@ class Processor:
                         return run.report
                 async with self.awriting(engine) as conn:
                     claimed = await conn.run_sync(run.claim, limit, ids)
+                written = _NONE
             if claimed:
                 run.jobs = list(claimed)
-                async with engine.connect() as conn:
-                    await conn.run_sync(run.read)
+                if run.group(written):
+                    async with engine.connect() as conn:
+                        await conn.run_sync(run.read)
                 await asyncio.to_thread(run.apply)
                 async with self.awriting(engine) as conn:
                     await conn.run_sync(run.settle)
@@ -524,6 +537,7 @@ class _Pass:
         self.jobs: list[Job] = []
         self.by_key: dict[JobKey, list[Job]] = {}
         self.ops: list[SyncOp] = []
+        self.unread: list[tuple[ColumnBinding, list[str]]] = []
         self.failed: list[tuple[list[JobKey], BaseException]] = []
         self.buried: list[JobKey] = []
 
@@ -545,8 +559,14 @@ class _Pass:
             self.report.skipped = len(ids) - len(claimed)
         return claimed
 
-    def read(self, conn: Connection) -> None:
-        """Read the current value of each claimed job's row."""
+    def group(self, written: Mapping[JobKey, str | None] = _NONE) -> bool:
+        """Group the claimed jobs by row, resolve their columns; whether a row must be read.
+
+        ``written``: the text of rows whose jobs were born leased to this processor, as their
+        commit wrote them. No other pass syncs such a row until these jobs are settled (a later
+        commit's job for it is born unclaimed behind the lease), so that text is the row's as
+        long as this pass runs; the other rows are read (:meth:`read`).
+        """
         self.report.claimed = len(self.jobs)
         for job in self.jobs:
             self.by_key.setdefault(job.key, []).append(job)
@@ -559,8 +579,18 @@ class _Pass:
             if binding is None:
                 unknown.extend(JobKey(table, column, pk) for pk in pks)
                 continue
-            values = read_values(conn, binding.column, pks, binding.fields)
-            self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
+            if binding.fields:  # filter values are read with the text
+                self.unread.append((binding, pks))
+                continue
+            missing = []
+            for pk in pks:
+                key = JobKey(table, column, pk)
+                if key in written:
+                    self.ops.append(SyncOp(binding, pk, written[key]))
+                else:
+                    missing.append(pk)
+            if missing:
+                self.unread.append((binding, missing))
         if unknown:
             self.report.unknown = unknown
             error = ConfigurationError(
@@ -568,6 +598,14 @@ class _Pass:
                 "import the models (or pass models= to SemanticIndex) in the process that syncs"
             )
             self.failed.append((unknown, error))
+        return bool(self.unread)
+
+    def read(self, conn: Connection) -> None:
+        """Read the current value of the rows :meth:`group` left unread."""
+        for binding, pks in self.unread:
+            values = read_values(conn, binding.column, pks, binding.fields)
+            self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
+        self.unread = []
 
     def apply(self) -> None:
         """Chunk, embed and write the rows (no database connection)."""

@@ -34,9 +34,20 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, event, inspect, select
+from sqlalchemy import (
+    CompoundSelect,
+    Connection,
+    Engine,
+    Select,
+    Table,
+    TextualSelect,
+    event,
+    inspect,
+    select,
+)
 from sqlalchemy.orm import InstanceState, Mapper, Session, SessionTransaction, UOWTransaction
 from sqlalchemy.sql import operators, visitors
 from sqlalchemy.sql.dml import Insert, Update, UpdateBase
@@ -55,6 +66,11 @@ _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
+_UNKNOWN: Any = object()
+"""A row's text that a flush does not know (see :func:`_written`)."""
+_NOTHING: Mapping[JobKey, str | None] = MappingProxyType({})
+_READS = (Select, CompoundSelect, TextualSelect)
+"""Statements that change no row."""
 
 
 @dataclass(slots=True)
@@ -68,13 +84,25 @@ class Staged:
     carried: list[Job] = field(default_factory=list)
     """Finished jobs of earlier commits that this transaction deletes (given back if it does
     not commit)."""
+    written: dict[JobKey, str | None] = field(default_factory=dict)
+    """The text each key's row holds as this transaction's last flush of it wrote it, where
+    the session knows it (see :meth:`SessionTracker.after_flush`); a key missing is read back."""
 
     def merge(self, other: Staged) -> None:
-        """Add ``other``'s jobs (a released savepoint's)."""
+        """Add ``other``'s jobs (a released savepoint's: what it wrote comes last)."""
         self.keys |= other.keys
         self.ids.extend(other.ids)
         self.born.extend(other.born)
         self.carried.extend(other.carried)
+        for key in other.keys:
+            if key in other.written:
+                self.written[key] = other.written[key]
+            else:
+                self.written.pop(key, None)
+
+    def forget_written(self) -> None:
+        """Read every row back: a statement may have changed them after their flush."""
+        self.written.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,17 +306,22 @@ class SessionTracker:
             return
         by_mapper: dict[Mapper[Any], list[JobKey]] = {}
         seen: set[SemanticColumn] = set()
+        written: dict[JobKey, Any] = {}  # _UNKNOWN: read back after the commit
 
-        def add(state: InstanceState[Any], col: SemanticColumn, key: str) -> None:
+        def add(
+            state: InstanceState[Any], col: SemanticColumn, key: str, value: Any = _UNKNOWN
+        ) -> None:
             if col not in seen:
                 seen.add(col)
                 self.hooks.register(col)
-            by_mapper.setdefault(state.mapper, []).append(JobKey(col.table, col.name, key))
+            job = JobKey(col.table, col.name, key)
+            by_mapper.setdefault(state.mapper, []).append(job)
+            written[job] = _UNKNOWN if job in written else value  # a row switch: read it
 
         for state, columns in self._semantic(session.new):
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             for col in columns:
-                add(state, col, key)
+                add(state, col, key, _written(state, col))
         for state, columns in self._semantic(session.dirty):
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             old = row_key(state.identity) if state.identity is not None else None
@@ -297,16 +330,25 @@ class SessionTracker:
                     add(state, col, old)
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
-                    add(state, col, key)
+                    add(state, col, key, _written(state, col))
         for state, columns in self._semantic(session.deleted):
             key = row_key(_identity(state))
             for col in columns:
                 add(state, col, key)
+        known = {job: value for job, value in written.items() if value is not _UNKNOWN}
         for mapper, keys in by_mapper.items():
             conn = session.connection(bind_arguments={"mapper": mapper})
-            self._stage(session, conn, keys)
+            self._stage(session, conn, keys, known)
 
-    def _stage(self, session: Session, conn: Connection, keys: Sequence[JobKey]) -> None:
+    def _stage(
+        self,
+        session: Session,
+        conn: Connection,
+        keys: Sequence[JobKey],
+        written: Mapping[JobKey, str | None] = _NOTHING,
+    ) -> None:
+        """Write the jobs of ``keys`` in ``conn``'s transaction and remember them on the
+        session's transaction (with the text ``written`` of the rows whose flush knows it)."""
         if not keys:
             return
         owner = _owner(session)
@@ -332,6 +374,11 @@ class SessionTracker:
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.carried.extend(carried)
         part.keys.update(keys)
+        for key in keys:
+            if key in written:
+                part.written[key] = written[key]
+            else:
+                part.written.pop(key, None)
         part.ids.extend(job.id for job in jobs)
         part.born.extend(job for job in jobs if token is not None and job.claimed_by == token)
 
@@ -352,8 +399,19 @@ class SessionTracker:
         params: Mapping[str, Any],
         execution_options: Mapping[str, Any],
     ) -> tuple[Any, Sequence[Mapping[str, Any]], Mapping[str, Any]]:
-        """Plan the jobs of a DML statement on a semantic table: read keys before it runs."""
-        if not isinstance(clauseelement, UpdateBase) or self._session_of(conn) is None:
+        """Plan the jobs of a DML statement on a semantic table: read keys before it runs.
+
+        Any statement but a ``SELECT`` may change rows a flush wrote (an update, a trigger, a
+        procedure): the rows staged so far are then read back after the commit."""
+        if isinstance(clauseelement, _READS):
+            return clauseelement, multiparams, params
+        session = self._session_of(conn)
+        if session is None:
+            return clauseelement, multiparams, params
+        for parts in session.info.get(_STAGED, {}).values():
+            for part in parts.values():
+                part.forget_written()
+        if not isinstance(clauseelement, UpdateBase):
             return clauseelement, multiparams, params
         table = getattr(clauseelement, "table", None)
         if table is None or not hasattr(table, "columns"):
@@ -415,6 +473,20 @@ class SessionTracker:
             conn,
             [JobKey(table_name(plan.table), name, key) for key in keys for name in names],
         )
+
+
+def _written(state: InstanceState[Any], col: SemanticColumn) -> Any:
+    """The text a flush just wrote to ``col`` of ``state``'s row, or :data:`_UNKNOWN`.
+
+    Known when the attribute still holds a plain ``str`` (or ``None``) after the flush: the
+    value sent, as SQLAlchemy's identity map keeps it. A SQL expression or a server-generated
+    value is expired by the flush (unknown), a ``str`` subclass may convert itself (unknown), and
+    a column with ``filter_by`` is read back for its filter values anyway.
+    """
+    if col.settings.filter_by:
+        return _UNKNOWN
+    value = state.dict.get(col.key, _UNKNOWN)
+    return value if value is None or type(value) is str else _UNKNOWN
 
 
 def _filters_changed(state: InstanceState[Any], col: SemanticColumn) -> bool:

@@ -441,6 +441,108 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     assert assert_index_matches_database(tables, idx.store) == 1
 
 
+class _Defaults(orm.DeclarativeBase):
+    pass
+
+
+class Draft(SemanticSearchMixin, _Defaults):
+    """A semantic column the database fills in when the insert leaves it out (not fetched by
+    the insert: the attribute is expired, its value unknown to the session until loaded)."""
+
+    __tablename__ = "draft"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    content: Mapped[str | None] = mapped_column(
+        SemanticText(chunk_size=200, overlap=40), server_default="a default text about lakes"
+    )
+    __mapper_args__: ClassVar[dict[str, Any]] = {"eager_defaults": False}
+
+
+def _selects_of(engine: Engine, table: str) -> tuple[list[str], Any]:
+    """The statements reading ``table`` from now on (and the listener, to remove)."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and f"FROM {table}" in statement:
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    return seen, record
+
+
+def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_back(
+    tables: Engine, installed: Any
+) -> None:
+    """Jobs born leased to the committing index are synced with the text the flush sent: no
+    later commit's job for those rows can run before they are settled, so it is the rows'."""
+    idx, factory = installed()
+    seen, record = _selects_of(tables, "article")
+    try:
+        with factory() as s:
+            rows = [Article(id=i, title="t", content=f"row {i} about rivers") for i in (1, 2, 3)]
+            s.add_all(rows)
+            s.commit()
+            rows[1].content = "row 2 is about lakes now"  # loaded: no SELECT of the session's
+            s.add(Article(id=4, title="t", content=None))
+            s.commit()
+    finally:
+        sa.event.remove(tables, "before_cursor_execute", record)
+    if tables.dialect.name == "sqlite":
+        assert seen == []  # neither commit read its rows back
+    else:  # jobs are claimed after the commit there: another pass may have synced a newer value
+        assert len(seen) == 2
+    assert [p["end_offset"] for p in points_of(idx, 2)] == [len("row 2 is about lakes now")]
+    assert assert_index_matches_database(tables, idx.store) == 3
+
+
+def test_rows_the_database_or_a_later_statement_changed_are_read_back(
+    tables: Engine, installed: Any
+) -> None:
+    """What a flush cannot know is read back after the commit: a statement run after the
+    flush in the same transaction, a row replaced in one flush, a savepoint rolled back over a
+    flushed value, a server default."""
+    _Defaults.metadata.create_all(tables)
+    idx, factory = installed()
+    seen, record = _selects_of(tables, "article")
+    try:
+        with factory() as s:
+            s.add(Article(id=1, title="t", content="a text about rivers"))
+            s.add(Article(id=2, title="t", content="flushed first"))
+            s.flush()
+            s.execute(
+                sa.text("UPDATE article SET title = 'x', content = :c WHERE id = 2"),
+                {"c": "then changed by a statement"},
+            )
+            s.commit()
+        assert seen  # read back
+        with factory() as s:
+            old = s.get(Article, 2)
+            s.delete(old)
+            s.flush()
+            s.add(Article(id=2, title="t", content="a row that took the same key"))
+            s.commit()
+        with factory() as s:
+            art = s.get(Article, 1)
+            assert art is not None
+            art.content = "kept by the outer transaction"
+            s.flush()
+            savepoint = s.begin_nested()
+            art.content = "undone with the savepoint"
+            s.flush()
+            savepoint.rollback()
+            s.commit()
+    finally:
+        sa.event.remove(tables, "before_cursor_execute", record)
+    assert assert_index_matches_database(tables, idx.store) == 2
+    with tables.connect() as conn:
+        assert conn.execute(select(Article.content).where(Article.id == 1)).scalar_one() == (
+            "kept by the outer transaction"
+        )
+    with factory() as s:
+        s.add(Draft(id=1))  # the database writes the text
+        s.commit()
+    assert assert_index_matches_database(tables, idx.store, Draft, collection="draft__content") == 1
+
+
 def test_sigkill_before_finished_jobs_are_deleted_loses_nothing(
     tables: Engine, tmp_path: Path
 ) -> None:

@@ -246,7 +246,7 @@ def trivial_overhead(
             "dense": qe.EdgeVectorParams(size=Constant.dimension, distance=qe.Distance.Cosine)
         }
         sparse_vectors = {"bm25": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
-        if like_the_orm:  # the ORM's collection settings and payload indexes
+        if like_the_orm:  # the ORM's collection settings (its payload index is the same: pk)
             config = qe.EdgeConfig(
                 vectors=vectors,
                 sparse_vectors=sparse_vectors,
@@ -257,12 +257,6 @@ def trivial_overhead(
             config = qe.EdgeConfig(vectors=vectors, sparse_vectors=sparse_vectors)
         made = qe.EdgeShard.create(str(work / name), config)
         made.update(qe.UpdateOperation.create_field_index("pk", qe.PayloadSchemaType.Keyword))
-        if like_the_orm:
-            made.update(
-                qe.UpdateOperation.create_field_index(
-                    PointPayload.CHUNK_INDEX_KEY, qe.PayloadSchemaType.Integer
-                )
-            )
         return made
 
     shard = hybrid_shard("trivial_raw")

@@ -226,11 +226,12 @@ class CollectionSpec:
             "layout": COLLECTION_LAYOUT,
         }
 
-    def payload_indexes(self) -> tuple[PayloadIndex, ...]:
-        """The row key's index, then the declared ones."""
+    def payload_indexes(self, first_chunks: bool = True) -> tuple[PayloadIndex, ...]:
+        """The row key's index, the chunk number's (``first_chunks``: reconcile's sweep reads
+        the points with ``chunk_index == 0``), then the declared ones."""
         return (
             PayloadIndex(PointPayload.PK_KEY, "keyword"),
-            PayloadIndex(PointPayload.CHUNK_INDEX_KEY, "integer"),
+            *([PayloadIndex(PointPayload.CHUNK_INDEX_KEY, "integer")] if first_chunks else []),
             *self.indexes,
         )
 

@@ -166,8 +166,8 @@ class SemanticText(TypeDecorator[str]):
         return tuple(self.settings().values())
 
     def copy(self, **kw: Any) -> SemanticText:
-        """Return a copy with the same settings."""
-        return SemanticText(**self.settings())
+        """Return a copy with the same settings (of the same class: subclasses copy too)."""
+        return type(self)(**self.settings())
 
     def __repr__(self) -> str:
         args = [

@@ -69,6 +69,8 @@ _COMMITTED = "semantic_orm.committed"
 _UNKNOWN: Any = object()
 """A row's text that a flush does not know (see :func:`_written`)."""
 _NOTHING: Mapping[JobKey, str | None] = MappingProxyType({})
+_BINDS_AS_SENT = SemanticText.process_bind_param
+"""The column type's own bind step: it checks the value and sends it unchanged."""
 _READS = (Select, CompoundSelect, TextualSelect)
 """Statements that change no row."""
 
@@ -479,11 +481,12 @@ def _written(state: InstanceState[Any], col: SemanticColumn) -> Any:
     """The text a flush just wrote to ``col`` of ``state``'s row, or :data:`_UNKNOWN`.
 
     Known when the attribute still holds a plain ``str`` (or ``None``) after the flush: the
-    value sent, as SQLAlchemy's identity map keeps it. A SQL expression or a server-generated
-    value is expired by the flush (unknown), a ``str`` subclass may convert itself (unknown), and
-    a column with ``filter_by`` is read back for its filter values anyway.
+    value sent, as SQLAlchemy's identity map keeps it. A server-generated value the flush did
+    not fetch is expired (unknown), a ``str`` subclass may convert itself and a subclass of
+    the column type may change what it binds (unknown), and a column with ``filter_by`` is
+    read back for its filter values anyway.
     """
-    if col.settings.filter_by:
+    if col.settings.filter_by or type(col.settings).process_bind_param is not _BINDS_AS_SENT:
         return _UNKNOWN
     value = state.dict.get(col.key, _UNKNOWN)
     return value if value is None or type(value) is str else _UNKNOWN

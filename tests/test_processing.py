@@ -457,6 +457,22 @@ class Draft(SemanticSearchMixin, _Defaults):
     __mapper_args__: ClassVar[dict[str, Any]] = {"eager_defaults": False}
 
 
+class Trimmed(SemanticText):
+    """A column type that stores the text trimmed: not what the session holds."""
+
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        value = super().process_bind_param(value, dialect)
+        return value.strip() if value is not None else None
+
+
+class Clipping(SemanticSearchMixin, _Defaults):
+    __tablename__ = "clipping"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    content: Mapped[str | None] = mapped_column(Trimmed(chunk_size=200, overlap=40))
+
+
 def _selects_of(engine: Engine, table: str) -> tuple[list[str], Any]:
     """The statements reading ``table`` from now on (and the listener, to remove)."""
     seen: list[str] = []
@@ -499,7 +515,7 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
 ) -> None:
     """What a flush cannot know is read back after the commit: a statement run after the
     flush in the same transaction, a row replaced in one flush, a savepoint rolled back over a
-    flushed value, a server default."""
+    flushed value, a server default, a column type that changes what it binds."""
     _Defaults.metadata.create_all(tables)
     idx, factory = installed()
     seen, record = _selects_of(tables, "article")
@@ -539,8 +555,13 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
         )
     with factory() as s:
         s.add(Draft(id=1))  # the database writes the text
+        s.add(Clipping(id=1, content="  a padded text about rivers  "))  # stored trimmed
         s.commit()
     assert assert_index_matches_database(tables, idx.store, Draft, collection="draft__content") == 1
+    assert (
+        assert_index_matches_database(tables, idx.store, Clipping, collection="clipping__content")
+        == 1
+    )
 
 
 def test_sigkill_before_finished_jobs_are_deleted_loses_nothing(

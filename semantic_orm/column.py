@@ -165,17 +165,13 @@ class SemanticText(TypeDecorator[str]):
         """The settings as one hashable value: equal for columns declared alike."""
         return tuple(self.settings().values())
 
-    def copy(self, **kw: Any) -> SemanticText:
-        """Return a copy with the same settings (of the same class: subclasses copy too)."""
-        return type(self)(**self.settings())
-
     def __repr__(self) -> str:
         args = [
             f"{name}={value!r}"
             for name, value in self.settings().items()
             if value != _DEFAULTS[name]
         ]
-        return f"SemanticText({', '.join(args)})"
+        return f"{type(self).__name__}({', '.join(args)})"
 
 
 def check_semantic_value(value: object, *, where: str) -> str:

@@ -547,7 +547,7 @@ class SemanticIndex:
             if staged.born:  # deleted by the next commit or a moment later (see settle())
                 defer = not _shared_pool(engine)  # one connection: a timer would wait for it
                 born = self.processor.process(
-                    engine, claimed=staged.born, defer=defer, written=staged.written
+                    engine, claimed=staged.born, defer=defer, written=staged.known()
                 )
                 reports.append(born)
             rest = _unborn(staged)
@@ -568,7 +568,7 @@ class SemanticIndex:
         try:
             if staged.born:
                 born = await self.processor.aprocess(
-                    aengine, claimed=staged.born, written=staged.written
+                    aengine, claimed=staged.born, written=staged.known()
                 )
                 reports.append(born)
             rest = _unborn(staged)

@@ -42,7 +42,6 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, select
@@ -70,10 +69,6 @@ timer deletes them in a transaction of its own."""
 
 Resolve = Callable[[str, str], ColumnBinding | None]
 """Maps a job's ``(table, column)`` to the binding that syncs it (``None``: not mapped here)."""
-
-
-_NONE: Mapping[JobKey, str | None] = MappingProxyType({})
-"""No row's text known: every row is read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +247,7 @@ class Processor:
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
         defer: bool = False,
-        written: Mapping[JobKey, str | None] = _NONE,
+        written: Mapping[JobKey, str | None] | None = None,
     ) -> ProcessReport:
         """One pass: claim due jobs (or those among ``ids``), sync their rows, settle them.
 
@@ -278,7 +273,7 @@ class Processor:
                         return run.report  # idle: no write transaction at all
                 with self.writing(engine) as conn:
                     claimed = run.claim(conn, limit, ids)
-                written = _NONE  # claimed now: another pass may have synced a newer value
+                written = None  # claimed now: another pass may have synced a newer value
             if claimed:
                 run.jobs = list(claimed)
                 if run.group(written):
@@ -303,7 +298,7 @@ class Processor:
         limit: int = 256,
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
-        written: Mapping[JobKey, str | None] = _NONE,
+        written: Mapping[JobKey, str | None] | None = None,
     ) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
         embedding and the store calls in a worker thread; the loop is never blocked."""
@@ -324,7 +319,7 @@ class Processor:
                         return run.report
                 async with self.awriting(engine) as conn:
                     claimed = await conn.run_sync(run.claim, limit, ids)
-                written = _NONE
+                written = None
             if claimed:
                 run.jobs = list(claimed)
                 if run.group(written):
@@ -561,14 +556,16 @@ class _Pass:
             self.report.skipped = len(ids) - len(claimed)
         return claimed
 
-    def group(self, written: Mapping[JobKey, str | None] = _NONE) -> bool:
+    def group(self, written: Mapping[JobKey, str | None] | None = None) -> bool:
         """Group the claimed jobs by row, resolve their columns; whether a row must be read.
 
         ``written``: the text of rows whose jobs were born leased to this processor, as their
         commit wrote them. No other pass syncs such a row until these jobs are settled (a later
-        commit's job for it is born unclaimed behind the lease), so that text is the row's as
-        long as this pass runs; the other rows are read (:meth:`read`).
+        commit's job for it is born unclaimed behind the lease), so that text is the row's while
+        the lease lasts (the committing index hands it over for half the lease only); the other
+        rows are read (:meth:`read`).
         """
+        known = written or {}
         self.report.claimed = len(self.jobs)
         for job in self.jobs:
             self.by_key.setdefault(job.key, []).append(job)
@@ -587,8 +584,8 @@ class _Pass:
             missing = []
             for pk in pks:
                 key = JobKey(table, column, pk)
-                if key in written:
-                    self.ops.append(SyncOp(binding, pk, written[key]))
+                if key in known:
+                    self.ops.append(SyncOp(binding, pk, known[key]))
                 else:
                     missing.append(pk)
             if missing:

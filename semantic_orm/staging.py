@@ -26,15 +26,19 @@ a transaction it does not own (the test recipe that binds a session to an open c
 no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
 leased (SQLite), a root transaction that writes jobs also deletes, through its hooks, the
 finished jobs of this process's earlier commits, and hands them back if it does not commit.
-The tracker writes jobs and calls back; it never syncs anything itself.
+Each flush also notes the text it wrote to each row where the session knows it
+(:attr:`Staged.written`), so that a commit syncing its born-leased jobs need not read them back;
+any other statement the session runs afterwards, or a deletion, makes every row of the
+transaction read back. The tracker writes jobs and calls back; it never syncs anything itself.
 """
 
 from __future__ import annotations
 
+import math
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import (
@@ -43,7 +47,6 @@ from sqlalchemy import (
     Engine,
     Select,
     Table,
-    TextualSelect,
     event,
     inspect,
     select,
@@ -51,7 +54,14 @@ from sqlalchemy import (
 from sqlalchemy.orm import InstanceState, Mapper, Session, SessionTransaction, UOWTransaction
 from sqlalchemy.sql import operators, visitors
 from sqlalchemy.sql.dml import Insert, Update, UpdateBase
-from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnElement
+from sqlalchemy.sql.elements import (
+    BinaryExpression,
+    BindParameter,
+    ColumnElement,
+    ReleaseSavepointClause,
+    RollbackToSavepointClause,
+    SavepointClause,
+)
 
 from . import outbox
 from .column import SemanticText, check_semantic_value
@@ -68,11 +78,15 @@ _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
 _UNKNOWN: Any = object()
 """A row's text that a flush does not know (see :func:`_written`)."""
-_NOTHING: Mapping[JobKey, str | None] = MappingProxyType({})
-_BINDS_AS_SENT = SemanticText.process_bind_param
-"""The column type's own bind step: it checks the value and sends it unchanged."""
-_READS = (Select, CompoundSelect, TextualSelect)
-"""Statements that change no row."""
+_HARMLESS = (
+    Select,
+    CompoundSelect,
+    SavepointClause,
+    ReleaseSavepointClause,
+    RollbackToSavepointClause,
+)
+"""Statements that change no row a flush wrote (a ``ROLLBACK TO SAVEPOINT`` drops the
+savepoint's staged jobs, and what they knew, with it)."""
 
 
 @dataclass(slots=True)
@@ -88,7 +102,10 @@ class Staged:
     not commit)."""
     written: dict[JobKey, str | None] = field(default_factory=dict)
     """The text each key's row holds as this transaction's last flush of it wrote it, where
-    the session knows it (see :meth:`SessionTracker.after_flush`); a key missing is read back."""
+    the session knows it (see :func:`_written`); a key missing is read back."""
+    trusted_until: float = math.inf
+    """When the first birth lease behind :attr:`written` runs out (``time.monotonic()``), with
+    a margin: past it another pass may sync these rows, and they are read back."""
 
     def merge(self, other: Staged) -> None:
         """Add ``other``'s jobs (a released savepoint's: what it wrote comes last)."""
@@ -96,15 +113,22 @@ class Staged:
         self.ids.extend(other.ids)
         self.born.extend(other.born)
         self.carried.extend(other.carried)
-        for key in other.keys:
-            if key in other.written:
-                self.written[key] = other.written[key]
+        self.note(other.keys, other.written, other.trusted_until)
+
+    def note(
+        self, keys: Iterable[JobKey], written: Mapping[JobKey, str | None], until: float
+    ) -> None:
+        """Remember the text of ``keys`` where ``written`` knows it, forget it elsewhere."""
+        for key in keys:
+            if key in written:
+                self.written[key] = written[key]
             else:
                 self.written.pop(key, None)
+        self.trusted_until = min(self.trusted_until, until)
 
-    def forget_written(self) -> None:
-        """Read every row back: a statement may have changed them after their flush."""
-        self.written.clear()
+    def known(self) -> Mapping[JobKey, str | None]:
+        """:attr:`written`, while it can still be trusted."""
+        return self.written if time.monotonic() < self.trusted_until else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +332,9 @@ class SessionTracker:
             return
         by_mapper: dict[Mapper[Any], list[JobKey]] = {}
         seen: set[SemanticColumn] = set()
-        written: dict[JobKey, Any] = {}  # _UNKNOWN: read back after the commit
+        written: dict[JobKey, str | None] = {}
+        # a deletion or a new primary key may cascade in the database to rows staged earlier
+        rewritten = bool(session.deleted)
 
         def add(
             state: InstanceState[Any], col: SemanticColumn, key: str, value: Any = _UNKNOWN
@@ -318,7 +344,8 @@ class SessionTracker:
                 self.hooks.register(col)
             job = JobKey(col.table, col.name, key)
             by_mapper.setdefault(state.mapper, []).append(job)
-            written[job] = _UNKNOWN if job in written else value  # a row switch: read it
+            if value is not _UNKNOWN:
+                written[job] = value
 
         for state, columns in self._semantic(session.new):
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
@@ -329,6 +356,7 @@ class SessionTracker:
             old = row_key(state.identity) if state.identity is not None else None
             for col in columns:
                 if old is not None and old != key:  # primary key changed: old points go
+                    rewritten = True
                     add(state, col, old)
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
@@ -337,17 +365,19 @@ class SessionTracker:
             key = row_key(_identity(state))
             for col in columns:
                 add(state, col, key)
-        known = {job: value for job, value in written.items() if value is not _UNKNOWN}
+        if rewritten:
+            _forget_written(session)
+            written.clear()
         for mapper, keys in by_mapper.items():
             conn = session.connection(bind_arguments={"mapper": mapper})
-            self._stage(session, conn, keys, known)
+            self._stage(session, conn, keys, written)
 
     def _stage(
         self,
         session: Session,
         conn: Connection,
         keys: Sequence[JobKey],
-        written: Mapping[JobKey, str | None] = _NOTHING,
+        written: Mapping[JobKey, str | None] | None = None,
     ) -> None:
         """Write the jobs of ``keys`` in ``conn``'s transaction and remember them on the
         session's transaction (with the text ``written`` of the rows whose flush knows it)."""
@@ -376,11 +406,8 @@ class SessionTracker:
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.carried.extend(carried)
         part.keys.update(keys)
-        for key in keys:
-            if key in written:
-                part.written[key] = written[key]
-            else:
-                part.written.pop(key, None)
+        # the birth leases end ``lease`` s from now: trust what the flush wrote for half of it
+        part.note(keys, written or {}, time.monotonic() + self.hooks.lease / 2)
         part.ids.extend(job.id for job in jobs)
         part.born.extend(job for job in jobs if token is not None and job.claimed_by == token)
 
@@ -405,14 +432,12 @@ class SessionTracker:
 
         Any statement but a ``SELECT`` may change rows a flush wrote (an update, a trigger, a
         procedure): the rows staged so far are then read back after the commit."""
-        if isinstance(clauseelement, _READS):
+        if isinstance(clauseelement, _HARMLESS):
             return clauseelement, multiparams, params
         session = self._session_of(conn)
         if session is None:
             return clauseelement, multiparams, params
-        for parts in session.info.get(_STAGED, {}).values():
-            for part in parts.values():
-                part.forget_written()
+        _forget_written(session)
         if not isinstance(clauseelement, UpdateBase):
             return clauseelement, multiparams, params
         table = getattr(clauseelement, "table", None)
@@ -477,16 +502,22 @@ class SessionTracker:
         )
 
 
+def _forget_written(session: Session) -> None:
+    """Have every row staged in ``session``'s transaction read back after the commit."""
+    for parts in session.info.get(_STAGED, {}).values():
+        for part in parts.values():
+            part.written.clear()
+
+
 def _written(state: InstanceState[Any], col: SemanticColumn) -> Any:
     """The text a flush just wrote to ``col`` of ``state``'s row, or :data:`_UNKNOWN`.
 
     Known when the attribute still holds a plain ``str`` (or ``None``) after the flush: the
     value sent, as SQLAlchemy's identity map keeps it. A server-generated value the flush did
-    not fetch is expired (unknown), a ``str`` subclass may convert itself and a subclass of
-    the column type may change what it binds (unknown), and a column with ``filter_by`` is
-    read back for its filter values anyway.
+    not fetch is expired (unknown); a ``str`` subclass may convert itself, and a subclass or a
+    variant of the column type may change what is stored (unknown).
     """
-    if col.settings.filter_by or type(col.settings).process_bind_param is not _BINDS_AS_SENT:
+    if type(col.settings) is not SemanticText or col.settings._variant_mapping:
         return _UNKNOWN
     value = state.dict.get(col.key, _UNKNOWN)
     return value if value is None or type(value) is str else _UNKNOWN

@@ -491,6 +491,7 @@ def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_ba
     """Jobs born leased to the committing index are synced with the text the flush sent: no
     later commit's job for those rows can run before they are settled, so it is the rows'."""
     idx, factory = installed()
+    idx.processor.later.delay = 60.0  # no timer racing the next flush for the finished jobs
     seen, record = _selects_of(tables, "article")
     try:
         with factory() as s:
@@ -548,6 +549,7 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
         tables.dispose()
     _Defaults.metadata.create_all(tables)
     idx, factory = installed()
+    idx.processor.later.delay = 60.0  # no timer racing the next flush for the finished jobs
     seen, record = _selects_of(tables, "article")
 
     def read_back(expected: bool) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -154,3 +156,33 @@ def doc_text(i: int) -> str:
     word = WORDS[i]
     filler = " ".join(f"common{j} words repeated here" for j in range(8))
     return f"{word} {word} appears in the opening. {filler}. The closing mentions {word} again."
+
+
+@contextlib.contextmanager
+def reads_of(engine: Engine, table: str) -> Iterator[list[str]]:
+    """The ``SELECT`` statements reading ``table`` on ``engine`` (a sync engine, or an async
+    engine's ``sync_engine``) while the block runs."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and f"FROM {table}" in statement:
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def foreign_keys_on(engine: Engine) -> Engine:
+    """``engine`` with SQLite's foreign keys enforced (``ON DELETE CASCADE`` runs), as
+    PostgreSQL always does; connections already pooled are dropped."""
+    if engine.dialect.name == "sqlite":
+
+        @sa.event.listens_for(engine, "connect")
+        def _fk(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+        engine.dispose()
+    return engine

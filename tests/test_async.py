@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, select
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     async_scoped_session,
@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import (
 from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search
 from semantic_orm.testing import HashEmbedder
 
-from .helpers import COLL, assert_index_matches_database
+from .helpers import COLL, assert_index_matches_database, reads_of
 from .models import Article, Note
 
 pytestmark = pytest.mark.asyncio
@@ -108,24 +108,17 @@ async def test_an_async_commit_syncs_the_text_it_wrote_without_reading_it_back(
     idx = SemanticIndex(store=store, embedder=HashEmbedder())
     factory = async_sessionmaker(aengine, expire_on_commit=False)
     idx.install(factory)
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "FROM article" in statement:
-            seen.append(statement)
-
-    event.listen(aengine.sync_engine, "before_cursor_execute", record)
     try:
-        async with factory() as s:
-            rows = [Article(id=i, title="t", content=f"row {i} about rivers") for i in (1, 2)]
-            s.add_all(rows)
-            await s.commit()
-            await idx.adrain(factory, timeout=30)  # else the next job waits behind its lease
-            rows[0].content = "row 1 is about lakes now"
-            await s.commit()
-        await idx.adrain(factory, timeout=30)
+        with reads_of(aengine.sync_engine, "article") as seen:
+            async with factory() as s:
+                rows = [Article(id=i, title="t", content=f"row {i} about rivers") for i in (1, 2)]
+                s.add_all(rows)
+                await s.commit()
+                await idx.adrain(factory, timeout=30)  # else the next job waits behind its lease
+                rows[0].content = "row 1 is about lakes now"
+                await s.commit()
+            await idx.adrain(factory, timeout=30)
     finally:
-        event.remove(aengine.sync_engine, "before_cursor_execute", record)
         idx.uninstall(factory)
     assert bool(seen) == (aengine.dialect.name != "sqlite")
     engine = create_engine(db_url)

@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
@@ -24,6 +23,7 @@ from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
 
 from .helpers import (
     assert_index_matches_database,
+    foreign_keys_on,
     jobs,
     pending,
 )
@@ -60,13 +60,7 @@ def test_reindex_backfills_rows_saved_without_the_index(
 
 @pytest.fixture
 def cascading(engine: Engine) -> Engine:
-    if engine.dialect.name == "sqlite":
-
-        @sa.event.listens_for(engine, "connect")
-        def _fk(dbapi_conn: Any, record: Any) -> None:
-            dbapi_conn.execute("PRAGMA foreign_keys=ON")
-
-    return engine
+    return foreign_keys_on(engine)
 
 
 def test_reconcile_converges_raw_sql_and_database_cascades(

@@ -42,10 +42,12 @@ from .helpers import (
     COLL,
     PoisonEmbedder,
     assert_index_matches_database,
+    foreign_keys_on,
     jobs,
     payloads,
     points_of,
     pysqlite_recipe,
+    reads_of,
     settled,
 )
 from .models import Article, Base, Comment
@@ -473,18 +475,6 @@ class Clipping(SemanticSearchMixin, _Defaults):
     content: Mapped[str | None] = mapped_column(Trimmed(chunk_size=200, overlap=40))
 
 
-def _selects_of(engine: Engine, table: str) -> tuple[list[str], Any]:
-    """The statements reading ``table`` from now on (and the listener, to remove)."""
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and f"FROM {table}" in statement:
-            seen.append(statement)
-
-    sa.event.listen(engine, "before_cursor_execute", record)
-    return seen, record
-
-
 def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_back(
     tables: Engine, installed: Any
 ) -> None:
@@ -492,17 +482,13 @@ def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_ba
     later commit's job for those rows can run before they are settled, so it is the rows'."""
     idx, factory = installed()
     idx.processor.later.delay = 60.0  # no timer racing the next flush for the finished jobs
-    seen, record = _selects_of(tables, "article")
-    try:
-        with factory() as s:
-            rows = [Article(id=i, title="t", content=f"row {i} about rivers") for i in (1, 2, 3)]
-            s.add_all(rows)
-            s.commit()
-            rows[1].content = "row 2 is about lakes now"  # loaded: no SELECT of the session's
-            s.add(Article(id=4, title="t", content=None))
-            s.commit()
-    finally:
-        sa.event.remove(tables, "before_cursor_execute", record)
+    with reads_of(tables, "article") as seen, factory() as s:
+        rows = [Article(id=i, title="t", content=f"row {i} about rivers") for i in (1, 2, 3)]
+        s.add_all(rows)
+        s.commit()
+        rows[1].content = "row 2 is about lakes now"  # loaded: no SELECT of the session's
+        s.add(Article(id=4, title="t", content=None))
+        s.commit()
     if tables.dialect.name == "sqlite":
         assert seen == []  # neither commit read its rows back
     else:  # jobs are claimed after the commit there: another pass may have synced a newer value
@@ -519,8 +505,7 @@ def test_what_a_flush_wrote_is_trusted_for_half_the_birth_lease(
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL commits claim their jobs: every row is read")
     idx, factory = installed(lease=2.0)  # trusted for 1 s: far above a flush-to-commit stall
-    seen, record = _selects_of(tables, "article")
-    try:
+    with reads_of(tables, "article") as seen:
         for i, wait in ((1, 0.0), (2, 1.3)):
             with factory() as s:
                 s.add(Article(id=i, title="t", content=f"row {i} about rivers"))
@@ -528,8 +513,6 @@ def test_what_a_flush_wrote_is_trusted_for_half_the_birth_lease(
                 time.sleep(wait)
                 s.commit()
             assert bool(seen) == (wait > 1.0)
-    finally:
-        sa.event.remove(tables, "before_cursor_execute", record)
     assert assert_index_matches_database(tables, idx.store) == 2
 
 
@@ -540,26 +523,19 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
     that ran a statement after its flush (a text UPDATE, one returning rows), that deleted a
     row (a database cascade, a row replaced within one flush), a server default the insert did
     not fetch, a column type that changes what it binds. A savepoint keeps what it knew."""
-    if tables.dialect.name == "sqlite":
-
-        @sa.event.listens_for(tables, "connect")
-        def _fk(dbapi_conn: Any, record: Any) -> None:
-            dbapi_conn.execute("PRAGMA foreign_keys=ON")
-
-        tables.dispose()
+    foreign_keys_on(tables)
     _Defaults.metadata.create_all(tables)
     idx, factory = installed()
     idx.processor.later.delay = 60.0  # no timer racing the next flush for the finished jobs
-    seen, record = _selects_of(tables, "article")
+    with reads_of(tables, "article") as seen:
 
-    def read_back(expected: bool) -> None:
-        """Whether the last commit read its articles back (PostgreSQL always does)."""
-        assert bool(seen) == (expected or tables.dialect.name != "sqlite")
-        assert_index_matches_database(tables, idx.store)
-        assert_index_matches_database(tables, idx.store, Comment, "body", "comment__body")
-        seen.clear()  # the check's own SELECT too
+        def read_back(expected: bool) -> None:
+            """Whether the last commit read its articles back (PostgreSQL always does)."""
+            assert bool(seen) == (expected or tables.dialect.name != "sqlite")
+            assert_index_matches_database(tables, idx.store)
+            assert_index_matches_database(tables, idx.store, Comment, "body", "comment__body")
+            seen.clear()  # the check's own SELECT too
 
-    try:
         with factory() as s:
             one = Article(id=1, title="t", content="a text about rivers")
             two = Article(id=2, title="t", content="flushed first")
@@ -613,8 +589,6 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
                 s.flush()
             s.commit()
         read_back(False)
-    finally:
-        sa.event.remove(tables, "before_cursor_execute", record)
     with tables.connect() as conn:
         texts = dict(conn.execute(select(Article.id, Article.content)).all())
     assert texts == {

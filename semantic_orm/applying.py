@@ -219,6 +219,7 @@ class Applier:
 
         column = binding.column
         collection, analysed_by = binding.collection, analyzer.id
+        new_payload, digests = PointPayload.stored, PointPayload.pack
         # (id, vector or None, payload, keyword vector): dense vectors are reused when a chunk's
         # text is unchanged; keyword vectors are cheap, so every written point recomputes its own
         slots: list[tuple[str, Any, dict[str, Any], SparseVector]] = []
@@ -228,19 +229,16 @@ class Applier:
             whole = text_hash(text) if text else ""
             for chunk in chunks:
                 digest = text_hash(chunk.text)
-                payload = PointPayload(
-                    pk=pk,
-                    chunk_index=chunk.index,
-                    start_offset=chunk.start_offset,
-                    end_offset=chunk.end_offset,
-                    total_chunks=chunk.total_chunks,
-                    chunk_hash=digest,
-                    config=config,
-                    analyzer=analysed_by,
-                    text_hash=whole,
-                    meta=dict(chunk.metadata),
-                    fields=fields[pk],
-                ).to_dict()
+                payload = new_payload(
+                    pk,
+                    chunk.index,
+                    chunk.start_offset,
+                    chunk.end_offset,
+                    chunk.total_chunks,
+                    digests(digest, whole, config, analysed_by),
+                    chunk.metadata,
+                    fields[pk],
+                )
                 if current.get((pk, chunk.index)) == payload:
                     report.reused += 1
                     continue  # unchanged: nothing to write

@@ -39,7 +39,8 @@ with Alembic instead, add :data:`metadata` to your ``target_metadata`` (or copy 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator, Sequence, Set
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -62,6 +63,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     literal_column,
     select,
     update,
@@ -219,41 +221,106 @@ def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
 
 
 # The statements every commit runs, built once: constructing a statement costs more than
-# running it on SQLite (a commit of one row ran six of them). Keys and ids go in expanding
-# parameters, so the compiled form is cached too.
-_OF_ROWS = (
-    outbox.c.table_name == bindparam("table"),
-    outbox.c.column_name == bindparam("column"),
-    outbox.c.row_pk.in_(bindparam("pks", expanding=True)),
-)
+# running it on SQLite (a commit of one row ran six of them). Keys and ids go in one list
+# parameter, so the compiled form is cached too: expanding (a placeholder per value), or on
+# SQLite 3.38+ one JSON array read by ``json_each`` (binding each of fifty values through
+# SQLAlchemy cost more than the statement). Each statement below is a pair: by ``as_json``.
+
+
+def _json_values(name: str) -> Any:
+    """The values of the JSON array parameter ``name``, as rows of one column (``value``)."""
+    return func.json_each(bindparam(name)).table_valued("value")
+
+
+def _one_of(column: ColumnElement[Any], name: str, as_json: bool) -> ColumnElement[bool]:
+    """``column IN`` the list parameter ``name`` (see :func:`_list_param`)."""
+    if as_json:
+        return column.in_(select(_json_values(name).c.value))
+    return column.in_(bindparam(name, expanding=True))
+
+
+def _list_param(values: Iterable[Any], as_json: bool) -> Any:
+    """The value of a list parameter of :func:`_one_of`."""
+    return json.dumps(list(values)) if as_json else list(values)
+
+
+def _paired(build: Callable[[bool], Any]) -> dict[bool, Any]:
+    """A statement in both list forms, by ``as_json``."""
+    return {as_json: build(as_json) for as_json in (False, True)}
+
+
+def _of_rows_where(as_json: bool) -> tuple[ColumnElement[bool], ...]:
+    return (
+        outbox.c.table_name == bindparam("table"),
+        outbox.c.column_name == bindparam("column"),
+        _one_of(outbox.c.row_pk, "pks", as_json),
+    )
+
+
 _LIVE_LEASE = and_(
     outbox.c.claimed_by.is_not(None), outbox.c.next_attempt_at > bindparam("now"), _alive()
 )
-_LEASED = select(outbox.c.id, outbox.c.row_pk).where(*_OF_ROWS, _LIVE_LEASE)
+_LEASED = _paired(
+    lambda j: select(outbox.c.id, outbox.c.row_pk).where(*_of_rows_where(j), _LIVE_LEASE)
+)
 # the rows that have jobs, each with whether a live lease holds one of them
-_WITH_JOBS = (
-    select(outbox.c.row_pk, func.max(case((_LIVE_LEASE, 1), else_=0)))
-    .where(*_OF_ROWS)
-    .group_by(outbox.c.row_pk)
-)
-_SUPERSEDED = select(outbox.c.id, outbox.c.row_pk).where(
-    *_OF_ROWS,
-    outbox.c.dead.is_(True)
-    | outbox.c.claimed_by.is_(None)
-    | (outbox.c.next_attempt_at <= bindparam("now")),
-)
-_DELETE = delete(outbox).where(outbox.c.id.in_(bindparam("ids", expanding=True)))
-_DELETE_MINE = (
-    delete(outbox)
-    .where(
-        outbox.c.id.in_(bindparam("ids", expanding=True)), outbox.c.claimed_by == bindparam("token")
+_WITH_JOBS = _paired(
+    lambda j: (
+        select(outbox.c.row_pk, func.max(case((_LIVE_LEASE, 1), else_=0)))
+        .where(*_of_rows_where(j))
+        .group_by(outbox.c.row_pk)
     )
-    .returning(outbox.c.id)
+)
+_SUPERSEDED = _paired(
+    lambda j: select(outbox.c.id, outbox.c.row_pk).where(
+        *_of_rows_where(j),
+        outbox.c.dead.is_(True)
+        | outbox.c.claimed_by.is_(None)
+        | (outbox.c.next_attempt_at <= bindparam("now")),
+    )
+)
+_DELETE = _paired(lambda j: delete(outbox).where(_one_of(outbox.c.id, "ids", j)))
+_DELETE_MINE = _paired(
+    lambda j: (
+        delete(outbox)
+        .where(_one_of(outbox.c.id, "ids", j), outbox.c.claimed_by == bindparam("token"))
+        .returning(outbox.c.id)
+    )
 )
 # the new ids come back with their keys, so the rows need no order: one statement for a batch
 # (ordered RETURNING makes SQLAlchemy insert row by row on SQLite)
 _INSERT = insert(outbox).returning(
     outbox.c.id, outbox.c.table_name, outbox.c.column_name, outbox.c.row_pk
+)
+# SQLite: a batch of jobs of one column from one JSON array of keys (see _insert_each)
+_EACH_KEY = _json_values("pks")
+_INSERT_EACH = (
+    insert(outbox)
+    .from_select(
+        [
+            "table_name",
+            "column_name",
+            "row_pk",
+            "attempts",
+            "failures",
+            "dead",
+            "next_attempt_at",
+            "created_at",
+            "claimed_by",
+        ],
+        select(
+            bindparam("table", type_=outbox.c.table_name.type),
+            bindparam("column", type_=outbox.c.column_name.type),
+            _EACH_KEY.c.value,
+            literal(0),
+            literal(0),
+            literal(False),
+            bindparam("due", type_=outbox.c.next_attempt_at.type),
+            bindparam("now", type_=outbox.c.created_at.type),
+            bindparam("token", type_=outbox.c.claimed_by.type),
+        ),
+    )
+    .returning(outbox.c.id, outbox.c.row_pk)
 )
 
 
@@ -287,41 +354,99 @@ def enqueue(
         return []
     now = now or utcnow()
     busy, present = _row_jobs(conn, rows, now=now) if claimed_by else (set(), set())
-    values = [
-        {
-            "table_name": k.table,
-            "column_name": k.column,
-            "row_pk": k.pk,
-            "attempts": 0,
-            "failures": 0,
-            "dead": False,
-            "next_attempt_at": now
-            + _seconds(lease if claimed_by and k not in busy else 0 if k in busy else hold),
-            "created_at": now,
-            "claimed_by": None if k in busy else claimed_by,
-        }
-        for k in rows
-    ]
-    jobs: list[Job] = []
+
+    def owner(key: JobKey) -> str | None:
+        return None if key in busy else claimed_by
+
+    def due(key: JobKey) -> dt.datetime:
+        if key in busy:  # behind the live lease: due at once, for whoever holds it next
+            return now
+        return now + _seconds(lease if claimed_by else hold)
+
     if not returning:
-        conn.execute(insert(outbox), values)
-        return jobs
+        conn.execute(insert(outbox), [_values(k, due(k), now, owner(k)) for k in rows])
+        return []
+    if _lists_as_json(conn):
+        made = _insert_each(conn, rows, due, now, owner)
+    else:
+        made = _insert_many(conn, rows, due, now, owner)
+    for ids in made.values():  # a key given twice: its ids in the order given
+        ids.sort(reverse=True)
+    return [
+        Job(
+            made[key].pop(),
+            key,
+            claimed_by=owner(key),
+            alone=bool(claimed_by) and key not in present,
+        )
+        for key in rows
+    ]
+
+
+def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) -> dict[str, Any]:
+    """One new job's column values."""
+    return {
+        "table_name": key.table,
+        "column_name": key.column,
+        "row_pk": key.pk,
+        "attempts": 0,
+        "failures": 0,
+        "dead": False,
+        "next_attempt_at": due,
+        "created_at": now,
+        "claimed_by": owner,
+    }
+
+
+def _lists_as_json(conn: Connection) -> bool:
+    """Whether ``conn``'s database reads a list parameter as one JSON array (SQLite 3.38+,
+    where ``json_each`` is built in)."""
+    version = conn.dialect.server_version_info or ()
+    return conn.dialect.name == "sqlite" and tuple(version) >= (3, 38)
+
+
+def _insert_many(
+    conn: Connection,
+    rows: Sequence[JobKey],
+    due: Callable[[JobKey], dt.datetime],
+    now: dt.datetime,
+    owner: Callable[[JobKey], str | None],
+) -> dict[JobKey, list[int]]:
+    """Insert one job per key, nine parameters each; the new ids of each key."""
+    made: dict[JobKey, list[int]] = {}
+    values = [_values(k, due(k), now, owner(k)) for k in rows]
     for start in range(0, len(values), 1000):
-        made: dict[JobKey, list[int]] = {}
         for i, table, column, pk in conn.execute(_INSERT, values[start : start + 1000]):
             made.setdefault(JobKey(table, column, pk), []).append(int(i))
-        for ids in made.values():  # a key given twice: its ids in the order given
-            ids.sort(reverse=True)
-        jobs.extend(
-            Job(
-                made[key].pop(),
-                key,
-                claimed_by=None if key in busy else claimed_by,
-                alone=bool(claimed_by) and key not in present,
-            )
-            for key in rows[start : start + 1000]
-        )
-    return jobs
+    return made
+
+
+def _insert_each(
+    conn: Connection,
+    rows: Sequence[JobKey],
+    due: Callable[[JobKey], dt.datetime],
+    now: dt.datetime,
+    owner: Callable[[JobKey], str | None],
+) -> dict[JobKey, list[int]]:
+    """Insert one job per key, one statement per column and lease state with the keys as one
+    JSON array (binding nine values a job through SQLAlchemy cost more than the insert); the
+    new ids of each key."""
+    groups: dict[tuple[str, str, dt.datetime, str | None], list[str]] = {}
+    for key in rows:
+        groups.setdefault((key.table, key.column, due(key), owner(key)), []).append(key.pk)
+    made: dict[JobKey, list[int]] = {}
+    for (table, column, when, token), pks in groups.items():
+        params = {
+            "table": table,
+            "column": column,
+            "pks": json.dumps(pks),
+            "due": when,
+            "now": now,
+            "token": token,
+        }
+        for i, pk in conn.execute(_INSERT_EACH, params):
+            made.setdefault(JobKey(table, column, pk), []).append(int(i))
+    return made
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -336,13 +461,22 @@ def _key_groups(keys: Iterable[JobKey]) -> dict[tuple[str, str], list[str]]:
 
 
 def _of_rows(
-    conn: Connection, statement: Select[Any], keys: Iterable[JobKey], now: dt.datetime
+    conn: Connection,
+    statement: dict[bool, Select[Any]],
+    keys: Iterable[JobKey],
+    now: dt.datetime,
 ) -> Iterator[tuple[str, str, Any]]:
     """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
+    as_json = _lists_as_json(conn)
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
-            params = {"table": table, "column": column, "pks": list(part), "now": now}
-            for row in conn.execute(statement, params).all():  # no cursor left open
+            params = {
+                "table": table,
+                "column": column,
+                "pks": _list_param(part, as_json),
+                "now": now,
+            }
+            for row in conn.execute(statement[as_json], params).all():  # no cursor left open
                 yield table, column, row
 
 
@@ -472,27 +606,19 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     latest: dict[JobKey, int] = {}
     for job in jobs:
         latest[job.key] = max(job.id, latest.get(job.key, job.id))
-    by_column: dict[tuple[str, str], list[str]] = {}
-    for key in dict.fromkeys(job.key for job in jobs if not job.alone):  # alone: supersedes none
-        by_column.setdefault((key.table, key.column), []).append(key.pk)
+    rows = dict.fromkeys(job.key for job in jobs if not job.alone)  # alone: supersedes none
     older: list[int] = []
     claimed = set(ids)
-    for (table, column), pks in by_column.items():
-        for part in _chunks(pks):
-            rows = conn.execute(
-                _SUPERSEDED, {"table": table, "column": column, "pks": list(part), "now": now}
-            )
-            older.extend(
-                int(i)
-                for i, pk in rows
-                if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed
-            )
+    for table, column, (i, pk) in _of_rows(conn, _SUPERSEDED, rows, now):
+        if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed:
+            older.append(int(i))
+    as_json = _lists_as_json(conn)
     for part in _chunks(older):
-        conn.execute(_DELETE, {"ids": list(part)})
+        conn.execute(_DELETE[as_json], {"ids": _list_param(part, as_json)})
     gone: set[int] = set()
     for part in _chunks(ids):
-        result = conn.execute(_DELETE_MINE, {"ids": list(part), "token": token})
-        gone.update(int(i) for i in result.scalars())
+        params = {"ids": _list_param(part, as_json), "token": token}
+        gone.update(int(i) for i in conn.execute(_DELETE_MINE[as_json], params).scalars())
     return sorted({job.key for job in jobs if job.id not in gone})
 
 

@@ -42,6 +42,44 @@ def test_enqueue_returns_the_jobs_and_leases_free_rows_only(tables: Engine) -> N
     assert first.alone and [j.alone for j in born] == [False, True]
 
 
+def test_enqueue_stores_every_key_as_given_whatever_its_characters(tables: Engine) -> None:
+    """Keys of two columns, one given twice, one behind a live lease, pks that look like
+    numbers or JSON or hold quotes and non-Latin text: each is stored as given, with its lease;
+    on SQLite one statement per column and lease state inserts them (the keys as one JSON
+    array, not nine parameters a job)."""
+    pks = ["1", "01", "1.0", "[1]", '"q"', "a'b", "日本語", "e\u0301", "\\n", " x "]
+    keys = [JobKey("article", "content", pk) for pk in pks]
+    other = JobKey("note", "body", "7")
+    with tables.begin() as conn:
+        (held,) = outbox.enqueue(conn, [keys[1]], claimed_by="other", lease=60)
+    assert held.claimed_by == "other"
+    inserts: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if statement.startswith("INSERT"):
+            inserts.append(statement)
+
+    now = outbox.utcnow()
+    with tables.begin() as conn:
+        sa.event.listen(conn, "before_cursor_execute", record)
+        born = outbox.enqueue(conn, [*keys, other, keys[0]], claimed_by="me", lease=60, now=now)
+    assert [j.key for j in born] == [*keys, other, keys[0]]
+    assert len({j.id for j in born}) == len(born)
+    assert born[0].id < born[-1].id  # a key given twice: its jobs in the order given
+    assert [j.claimed_by for j in born] == ["me", None, *["me"] * (len(keys) - 2), "me", "me"]
+    stored = {j["id"]: j for j in jobs(tables)}
+    for job in born:
+        row = stored[job.id]
+        assert (row["table_name"], row["column_name"], row["row_pk"]) == tuple(job.key)
+        assert row["claimed_by"] == job.claimed_by
+        assert (row["attempts"], row["failures"], row["dead"]) == (0, 0, False)
+        due = outbox.as_utc(row["next_attempt_at"])
+        assert due == (now if job.key == keys[1] else now + dt.timedelta(seconds=60))
+        assert outbox.as_utc(row["created_at"]) == now
+    if tables.dialect.name == "sqlite":  # article leased, article behind "other", note
+        assert len(inserts) == 3 and all("json_each" in s for s in inserts)
+
+
 def test_a_job_born_alone_settles_in_one_statement_and_spares_newer_jobs(
     tables: Engine,
 ) -> None:

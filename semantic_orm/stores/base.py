@@ -142,18 +142,48 @@ class PointPayload:
 
     def to_dict(self) -> dict[str, Any]:
         """The payload as stored (empty ``meta`` and ``fields`` are omitted)."""
+        return self.stored(
+            self.pk,
+            self.chunk_index,
+            self.start_offset,
+            self.end_offset,
+            self.total_chunks,
+            self.pack(self.chunk_hash, self.text_hash, self.config, self.analyzer),
+            self.meta,
+            self.fields,
+        )
+
+    @staticmethod
+    def pack(chunk_hash: str, text_hash: str, config: str, analyzer: str) -> str:
+        """The stored value of :attr:`DIGESTS_KEY`."""
+        return f"{chunk_hash} {text_hash} {config} {analyzer}"
+
+    @classmethod
+    def stored(
+        cls,
+        pk: str,
+        chunk_index: int,
+        start_offset: int,
+        end_offset: int,
+        total_chunks: int,
+        digests: str,
+        meta: Mapping[str, Any],
+        fields: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """What :meth:`to_dict` returns, from the values (``digests`` from :meth:`pack`)
+        without building the object first: the sync writes one payload per chunk."""
         out: dict[str, Any] = {
-            self.PK_KEY: self.pk,
-            self.CHUNK_INDEX_KEY: self.chunk_index,
-            self.START_KEY: self.start_offset,
-            self.END_KEY: self.end_offset,
-            self.TOTAL_KEY: self.total_chunks,
-            self.DIGESTS_KEY: f"{self.chunk_hash} {self.text_hash} {self.config} {self.analyzer}",
+            cls.PK_KEY: pk,
+            cls.CHUNK_INDEX_KEY: chunk_index,
+            cls.START_KEY: start_offset,
+            cls.END_KEY: end_offset,
+            cls.TOTAL_KEY: total_chunks,
+            cls.DIGESTS_KEY: digests,
         }
-        if self.meta:
-            out[self.META_KEY] = dict(self.meta)
-        if self.fields:
-            out[self.FIELDS_KEY] = dict(self.fields)
+        if meta:
+            out[cls.META_KEY] = dict(meta)
+        if fields:
+            out[cls.FIELDS_KEY] = dict(fields)
         return out
 
     @classmethod

@@ -24,8 +24,9 @@ savepoint is released, vanish when it rolls back, and are handed over after the 
 once the transaction has ended and its connections are back in the pool. A session that joined
 a transaction it does not own (the test recipe that binds a session to an open connection) makes
 no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
-leased (SQLite), a root transaction that writes jobs also deletes, through its hooks, the
-finished jobs of this process's earlier commits, and hands them back if it does not commit.
+leased (SQLite), a transaction that writes jobs also deletes, through its hooks, the finished
+jobs of this process's earlier commits (whose leases would otherwise hold those rows), and hands
+them back if it, or the savepoint that deleted them, does not commit.
 Each flush also notes the text it wrote to each row where the session knows it
 (:attr:`Staged.written`), so that a commit syncing its born-leased jobs need not read them back;
 any other statement the session runs afterwards, or a deletion, makes every row of the
@@ -391,7 +392,7 @@ class SessionTracker:
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
         carried: list[Job] = []
-        if token is not None and not owner.nested:  # earlier commits' finished jobs go too
+        if token is not None:  # earlier commits' finished jobs go too (given back on a rollback)
             carried, lost = self.hooks.carry(conn)
             if lost:
                 keys = [*keys, *(k for k in dict.fromkeys(lost) if k not in keys)]

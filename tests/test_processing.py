@@ -443,6 +443,51 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     assert assert_index_matches_database(tables, idx.store) == 1
 
 
+def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_back(
+    tables: Engine, installed: Any
+) -> None:
+    """A row written again inside a savepoint right after its last commit is synced by that
+    commit: the savepoint's flush deletes the finished job whose lease still held the row. A
+    savepoint, or the transaction around a released one, that rolls back undoes the deletion
+    and gives the job back; it is settled later all the same."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0  # no timer: only flushes (and settle()) take the job
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    first = jobs(tables)
+    assert len(first) == 1  # synced, waiting to be deleted
+    with factory() as s:
+        art = s.get(Article, 1)
+        assert art is not None
+        savepoint = s.begin_nested()
+        art.content = "undone with the savepoint"
+        s.flush()
+        savepoint.rollback()
+        s.commit()
+    assert jobs(tables) == first
+    with factory() as s:
+        with s.begin_nested():
+            art = s.get(Article, 1)
+            assert art is not None
+            art.content = "undone with the transaction"
+        s.rollback()
+    assert jobs(tables) == first
+    with factory() as s:
+        with s.begin_nested():
+            art = s.get(Article, 1)
+            assert art is not None
+            art.content = "a text about lakes, written in a savepoint"
+        s.commit()
+    assert assert_index_matches_database(tables, idx.store) == 1  # at once: no retry needed
+    left = jobs(tables)
+    assert len(left) == 1 and left != first  # the first job went with the commit: its own now
+    idx.settle()
+    assert jobs(tables) == []
+
+
 class _Defaults(orm.DeclarativeBase):
     pass
 
@@ -581,8 +626,7 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
             savepoint.rollback()
             s.commit()
         read_back(False)
-        idx.settle()  # else the last commit's job, waiting to be deleted, holds the row's lease
-        with factory() as s:  # and a savepoint's flush, which does not delete it, defers the sync
+        with factory() as s:  # the savepoint's flush deletes the last commit's finished job
             art = s.merge(one, load=False)
             with s.begin_nested():
                 art.content = "written inside a savepoint that was released"

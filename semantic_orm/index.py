@@ -288,6 +288,7 @@ class SemanticIndex:
         self._models = models
         self._discovered = False
         self._engines: dict[str, Engine] = {}
+        self._remembered: weakref.WeakSet[Engine] = weakref.WeakSet()  # (URLs rendered once)
         self._outbox_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._gates: weakref.WeakKeyDictionary[Engine, WriteGate] = weakref.WeakKeyDictionary()
         self._joined: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Connection]] = (
@@ -420,7 +421,9 @@ class SemanticIndex:
 
     def remember_engine(self, engine: Engine) -> None:
         """Remember an engine whose sessions write jobs (for :meth:`drain` without arguments)."""
-        self._engines.setdefault(engine.url.render_as_string(hide_password=True), engine)
+        if engine not in self._remembered:  # every transaction calls this: render the URL once
+            self._remembered.add(engine)
+            self._engines.setdefault(engine.url.render_as_string(hide_password=True), engine)
 
     def engine_for(self, bind: Engine | sessionmaker[Any] | Any = None) -> Engine:
         """The engine whose outbox to process: ``bind``'s, or the one installed sessions use.

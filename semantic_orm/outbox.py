@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     Column,
@@ -60,6 +61,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     insert,
@@ -222,68 +224,86 @@ def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
 
 # The statements every commit runs, built once: constructing a statement costs more than
 # running it on SQLite (a commit of one row ran six of them). Keys and ids go in one list
-# parameter, so the compiled form is cached too: expanding (a placeholder per value), or on
-# SQLite 3.38+ one JSON array read by ``json_each`` (binding each of fifty values through
-# SQLAlchemy cost more than the statement). Each statement below is a pair: by ``as_json``.
+# parameter, so the compiled form is cached too: one JSON array that a table function of the
+# database reads (SQLite 3.38+ and PostgreSQL: binding each of fifty values through SQLAlchemy
+# cost more than the statement), or elsewhere an expanding list (a placeholder per value).
+# Each statement below is built in every form (:func:`_forms`), chosen by :func:`_list_form`.
+_JSON_FORMS = ("sqlite", "postgresql")
 
 
-def _json_values(name: str) -> Any:
-    """The values of the JSON array parameter ``name``, as rows of one column (``value``)."""
-    return func.json_each(bindparam(name)).table_valued("value")
+def _list_form(conn: Connection) -> str | None:
+    """How ``conn``'s database takes a list parameter: the dialect's name where a JSON array
+    is read by a table function (``json_each`` is built into SQLite since 3.38), else
+    ``None`` (an expanding list)."""
+    dialect = conn.dialect
+    if dialect.name == "postgresql":
+        return dialect.name
+    if dialect.name == "sqlite" and tuple(dialect.server_version_info or ()) >= (3, 38):
+        return dialect.name
+    return None
 
 
-def _one_of(column: ColumnElement[Any], name: str, as_json: bool) -> ColumnElement[bool]:
+def _json_values(name: str, form: str) -> Any:
+    """The values of the JSON array parameter ``name`` (a string), as rows of one column,
+    ``value`` (text, or a number on SQLite)."""
+    array = bindparam(name, type_=Text)
+    if form == "postgresql":
+        return func.json_array_elements_text(cast(array, JSON)).table_valued("value")
+    return func.json_each(array).table_valued("value")
+
+
+def _one_of(column: ColumnElement[Any], name: str, form: str | None) -> ColumnElement[bool]:
     """``column IN`` the list parameter ``name`` (see :func:`_list_param`)."""
-    if as_json:
-        return column.in_(select(_json_values(name).c.value))
-    return column.in_(bindparam(name, expanding=True))
+    if form is None:
+        return column.in_(bindparam(name, expanding=True))
+    return column.in_(select(cast(_json_values(name, form).c.value, column.type)))
 
 
-def _list_param(values: Iterable[Any], as_json: bool) -> Any:
+def _list_param(values: Iterable[Any], form: str | None) -> Any:
     """The value of a list parameter of :func:`_one_of`."""
-    return json.dumps(list(values)) if as_json else list(values)
+    return list(values) if form is None else json.dumps(list(values))
 
 
-def _paired(build: Callable[[bool], Any]) -> dict[bool, Any]:
-    """A statement in both list forms, by ``as_json``."""
-    return {as_json: build(as_json) for as_json in (False, True)}
+def _forms(build: Callable[[str | None], Any]) -> dict[str | None, Any]:
+    """A statement in every list form, by :func:`_list_form`."""
+    return {form: build(form) for form in (None, *_JSON_FORMS)}
 
 
-def _of_rows_where(as_json: bool) -> tuple[ColumnElement[bool], ...]:
+def _of_rows_where(form: str | None) -> tuple[ColumnElement[bool], ...]:
     return (
         outbox.c.table_name == bindparam("table"),
         outbox.c.column_name == bindparam("column"),
-        _one_of(outbox.c.row_pk, "pks", as_json),
+        _one_of(outbox.c.row_pk, "pks", form),
     )
 
 
 _LIVE_LEASE = and_(
     outbox.c.claimed_by.is_not(None), outbox.c.next_attempt_at > bindparam("now"), _alive()
 )
-_LEASED = _paired(
-    lambda j: select(outbox.c.id, outbox.c.row_pk).where(*_of_rows_where(j), _LIVE_LEASE)
+_LEASED = _forms(
+    lambda f: select(outbox.c.id, outbox.c.row_pk).where(*_of_rows_where(f), _LIVE_LEASE)
 )
 # the rows that have jobs, each with whether a live lease holds one of them
-_WITH_JOBS = _paired(
-    lambda j: (
+_WITH_JOBS = _forms(
+    lambda f: (
         select(outbox.c.row_pk, func.max(case((_LIVE_LEASE, 1), else_=0)))
-        .where(*_of_rows_where(j))
+        .where(*_of_rows_where(f))
         .group_by(outbox.c.row_pk)
     )
 )
-_SUPERSEDED = _paired(
-    lambda j: select(outbox.c.id, outbox.c.row_pk).where(
-        *_of_rows_where(j),
+_SUPERSEDED = _forms(
+    lambda f: select(outbox.c.id, outbox.c.row_pk).where(
+        *_of_rows_where(f),
         outbox.c.dead.is_(True)
         | outbox.c.claimed_by.is_(None)
         | (outbox.c.next_attempt_at <= bindparam("now")),
     )
 )
-_DELETE = _paired(lambda j: delete(outbox).where(_one_of(outbox.c.id, "ids", j)))
-_DELETE_MINE = _paired(
-    lambda j: (
+_DELETE = _forms(lambda f: delete(outbox).where(_one_of(outbox.c.id, "ids", f)))
+_DELETE_MINE = _forms(
+    lambda f: (
         delete(outbox)
-        .where(_one_of(outbox.c.id, "ids", j), outbox.c.claimed_by == bindparam("token"))
+        .where(_one_of(outbox.c.id, "ids", f), outbox.c.claimed_by == bindparam("token"))
         .returning(outbox.c.id)
     )
 )
@@ -292,10 +312,9 @@ _DELETE_MINE = _paired(
 _INSERT = insert(outbox).returning(
     outbox.c.id, outbox.c.table_name, outbox.c.column_name, outbox.c.row_pk
 )
-# SQLite: a batch of jobs of one column from one JSON array of keys (see _insert_each)
-_EACH_KEY = _json_values("pks")
-_INSERT_EACH = (
-    insert(outbox)
+# a batch of jobs of one column from one JSON array of keys (see _insert_each)
+_INSERT_EACH = {
+    form: insert(outbox)
     .from_select(
         [
             "table_name",
@@ -311,7 +330,7 @@ _INSERT_EACH = (
         select(
             bindparam("table", type_=outbox.c.table_name.type),
             bindparam("column", type_=outbox.c.column_name.type),
-            _EACH_KEY.c.value,
+            cast(_json_values("pks", form).c.value, Text),
             literal(0),
             literal(0),
             literal(False),
@@ -321,7 +340,8 @@ _INSERT_EACH = (
         ),
     )
     .returning(outbox.c.id, outbox.c.row_pk)
-)
+    for form in _JSON_FORMS
+}
 
 
 def enqueue(
@@ -366,10 +386,11 @@ def enqueue(
     if not returning:
         conn.execute(insert(outbox), [_values(k, due(k), now, owner(k)) for k in rows])
         return []
-    if _lists_as_json(conn):
-        made = _insert_each(conn, rows, due, now, owner)
-    else:
+    form = _list_form(conn)
+    if form is None:
         made = _insert_many(conn, rows, due, now, owner)
+    else:
+        made = _insert_each(conn, form, rows, due, now, owner)
     for ids in made.values():  # a key given twice: its ids in the order given
         ids.sort(reverse=True)
     return [
@@ -398,13 +419,6 @@ def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) 
     }
 
 
-def _lists_as_json(conn: Connection) -> bool:
-    """Whether ``conn``'s database reads a list parameter as one JSON array (SQLite 3.38+,
-    where ``json_each`` is built in)."""
-    version = conn.dialect.server_version_info or ()
-    return conn.dialect.name == "sqlite" and tuple(version) >= (3, 38)
-
-
 def _insert_many(
     conn: Connection,
     rows: Sequence[JobKey],
@@ -423,6 +437,7 @@ def _insert_many(
 
 def _insert_each(
     conn: Connection,
+    form: str,
     rows: Sequence[JobKey],
     due: Callable[[JobKey], dt.datetime],
     now: dt.datetime,
@@ -444,7 +459,7 @@ def _insert_each(
             "now": now,
             "token": token,
         }
-        for i, pk in conn.execute(_INSERT_EACH, params):
+        for i, pk in conn.execute(_INSERT_EACH[form], params):
             made.setdefault(JobKey(table, column, pk), []).append(int(i))
     return made
 
@@ -462,21 +477,21 @@ def _key_groups(keys: Iterable[JobKey]) -> dict[tuple[str, str], list[str]]:
 
 def _of_rows(
     conn: Connection,
-    statement: dict[bool, Select[Any]],
+    statement: dict[str | None, Select[Any]],
     keys: Iterable[JobKey],
     now: dt.datetime,
 ) -> Iterator[tuple[str, str, Any]]:
     """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
-    as_json = _lists_as_json(conn)
+    form = _list_form(conn)
     for (table, column), pks in _key_groups(set(keys)).items():
         for part in _chunks(pks):
             params = {
                 "table": table,
                 "column": column,
-                "pks": _list_param(part, as_json),
+                "pks": _list_param(part, form),
                 "now": now,
             }
-            for row in conn.execute(statement[as_json], params).all():  # no cursor left open
+            for row in conn.execute(statement[form], params).all():  # no cursor left open
                 yield table, column, row
 
 
@@ -612,13 +627,13 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     for table, column, (i, pk) in _of_rows(conn, _SUPERSEDED, rows, now):
         if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed:
             older.append(int(i))
-    as_json = _lists_as_json(conn)
+    form = _list_form(conn)
     for part in _chunks(older):
-        conn.execute(_DELETE[as_json], {"ids": _list_param(part, as_json)})
+        conn.execute(_DELETE[form], {"ids": _list_param(part, form)})
     gone: set[int] = set()
     for part in _chunks(ids):
-        params = {"ids": _list_param(part, as_json), "token": token}
-        gone.update(int(i) for i in conn.execute(_DELETE_MINE[as_json], params).scalars())
+        params = {"ids": _list_param(part, form), "token": token}
+        gone.update(int(i) for i in conn.execute(_DELETE_MINE[form], params).scalars())
     return sorted({job.key for job in jobs if job.id not in gone})
 
 

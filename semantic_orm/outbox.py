@@ -561,12 +561,15 @@ def claim(
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         base = base.with_for_update(skip_locked=True)
+    form = _list_form(conn)
     found: list[Job] = []
     if ids is None:
         found = [_job(r) for r in conn.execute(base.limit(limit))]
     else:
+        among = base.where(_one_of(outbox.c.id, "ids", form))
         for part in _chunks(list(ids)):
-            found.extend(_job(r) for r in conn.execute(base.where(outbox.c.id.in_(part))))
+            rows = conn.execute(among, {"ids": _list_param(part, form)})
+            found.extend(_job(r) for r in rows)
         found = found[:limit]
     if not found:
         return []
@@ -575,12 +578,13 @@ def claim(
         keys = _advisory_locked(conn, keys)
     keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
     jobs = [job for job in found if job.key in keys]
+    lease_them = (
+        update(outbox)
+        .where(_one_of(outbox.c.id, "ids", form))
+        .values(claimed_by=token, next_attempt_at=now + _seconds(lease))
+    )
     for part in _chunks([job.id for job in jobs]):
-        conn.execute(
-            update(outbox)
-            .where(outbox.c.id.in_(part))
-            .values(claimed_by=token, next_attempt_at=now + _seconds(lease))
-        )
+        conn.execute(lease_them, {"ids": _list_param(part, form)})
     return jobs
 
 

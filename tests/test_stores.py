@@ -288,6 +288,24 @@ def test_keyword_and_hybrid_search(store: VectorStore) -> None:
     assert point.vector is not None and np.allclose(point.vector, vectors["a"])
 
 
+def test_vectors_are_stored_as_given_whatever_the_arrays_layout(store: Store) -> None:
+    """A row of an embedder's batch, a strided view and a float64 array are all stored as
+    their values (the Edge adapter hands the binding the array's buffer, not a list)."""
+    batch = np.asarray([vec(1, 2, 3, 4), vec(4, 3, 2, 1)], dtype=np.float32)
+    wide = np.zeros(8, dtype=np.float32)
+    wide[::2] = vec(0.5, -1, 2, 0.25)
+    given = {"a": batch[1], "b": wide[::2], "c": vec(1, -2, 0.5, 3).astype(np.float64)}
+    assert not given["b"].flags["C_CONTIGUOUS"]
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, [p for pk, v in given.items() for p in row_points(pk, [v])])
+    stored = {str(p.payload["pk"]): p.vector for p in store.existing(SPEC.name, list(given))}
+    assert stored.keys() == given.keys()
+    for pk, vector in given.items():
+        assert stored[pk] is not None
+        # (a client in local mode normalises again, a last bit apart)
+        assert np.allclose(stored[pk], vector, rtol=1e-6, atol=1e-7), pk
+
+
 def test_keyword_scores_are_bm25_with_idf_alike_on_every_store(store: Store) -> None:
     texts = {str(i): f"word{i % 3} shared filler text number {i}" for i in range(9)}
     vectors = {pk: vec(1, int(pk), 0, 1) for pk in texts}

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..exc import ConfigurationError, MissingDependencyError, VectorStoreError
 from .base import (
@@ -166,8 +167,12 @@ class QdrantStore:
 
     # -- shared operations -----------------------------------------------------------------
 
+    def _dense(self, vector: npt.NDArray[np.float32]) -> Any:
+        """A dense vector as the client takes it in a point."""
+        return vector.tolist()
+
     def _native_point(self, point: VectorPoint) -> Any:
-        vectors: dict[str, Any] = {DENSE_VECTOR: point.vector.tolist()}
+        vectors: dict[str, Any] = {DENSE_VECTOR: self._dense(point.vector)}
         if point.sparse:
             vectors[SPARSE_VECTOR] = self._sparse(point.sparse)
         return self._point(point.id, vectors, dict(point.payload))

@@ -27,8 +27,9 @@ hits both alike:
   bookkeeping). Also the share of the ORM's commit time spent computing keyword vectors, and
   the same comparison for ``--one-row-docs`` commits of one row each
   (``one_row_commit_overhead``: a web request's commit, where fixed costs per commit show).
-  Each of the two phases runs ``--trivial-rounds`` times on fresh databases; the median of each
-  ratio is reported (``orm_overhead_trivial_rounds``: the rounds of the first).
+  Each of the two phases runs ``--trivial-rounds`` times on fresh databases, the heap of the
+  earlier phases frozen (:func:`frozen_heap`); the median of each ratio is reported
+  (``orm_overhead_trivial_rounds``: the rounds of the first).
 
 The ORM side embeds with the default ``SentenceTransformerEmbedder()`` (``backend="auto"``:
 ONNX int8 when onnxruntime is installed). ``ingest_ratio`` compares it with a raw pipeline

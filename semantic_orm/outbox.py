@@ -222,6 +222,11 @@ def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+def _parts(items: Sequence[Any], form: str | None) -> Iterator[Sequence[Any]]:
+    """``items`` in lists of :data:`BATCH` for an expanding list, whole in one JSON array."""
+    return _chunks(items, BATCH if form is None else max(len(items), 1))
+
+
 # The statements every commit runs, built once: constructing a statement costs more than
 # running it on SQLite (a commit of one row ran six of them). Keys and ids go in one list
 # parameter, so the compiled form is cached too: one JSON array that a table function of the
@@ -231,16 +236,17 @@ def _chunks(items: Sequence[Any], size: int = BATCH) -> Iterator[Sequence[Any]]:
 _JSON_FORMS = ("sqlite", "postgresql")
 
 
-def _list_form(conn: Connection) -> str | None:
+def _list_form(conn: Connection, texts: Iterable[str] = ()) -> str | None:
     """How ``conn``'s database takes a list parameter: the dialect's name where a JSON array
     is read by a table function (``json_each`` is built into SQLite since 3.38), else
-    ``None`` (an expanding list)."""
+    ``None`` (an expanding list). ``texts``: the strings the list will carry; one holding a
+    NUL character goes in an expanding list (``json_each`` ends a string there)."""
     dialect = conn.dialect
-    if dialect.name == "postgresql":
-        return dialect.name
-    if dialect.name == "sqlite" and tuple(dialect.server_version_info or ()) >= (3, 38):
-        return dialect.name
-    return None
+    if dialect.name == "sqlite" and tuple(dialect.server_version_info or ()) < (3, 38):
+        return None
+    if dialect.name not in _JSON_FORMS or any("\x00" in text for text in texts):
+        return None
+    return dialect.name
 
 
 def _json_values(name: str, form: str) -> Any:
@@ -261,7 +267,7 @@ def _one_of(column: ColumnElement[Any], name: str, form: str | None) -> ColumnEl
 
 def _list_param(values: Iterable[Any], form: str | None) -> Any:
     """The value of a list parameter of :func:`_one_of`."""
-    return list(values) if form is None else json.dumps(list(values))
+    return list(values) if form is None else json.dumps(list(values), ensure_ascii=False)
 
 
 def _forms(build: Callable[[str | None], Any]) -> dict[str | None, Any]:
@@ -312,6 +318,8 @@ _DELETE_MINE = _forms(
 _INSERT = insert(outbox).returning(
     outbox.c.id, outbox.c.table_name, outbox.c.column_name, outbox.c.row_pk
 )
+_FRESH = {"attempts": 0, "failures": 0, "dead": False}
+"""What a new job starts with, besides its key, its due time, its creation time and owner."""
 # a batch of jobs of one column from one JSON array of keys (see _insert_each)
 _INSERT_EACH = {
     form: insert(outbox)
@@ -320,9 +328,7 @@ _INSERT_EACH = {
             "table_name",
             "column_name",
             "row_pk",
-            "attempts",
-            "failures",
-            "dead",
+            *_FRESH,
             "next_attempt_at",
             "created_at",
             "claimed_by",
@@ -331,9 +337,7 @@ _INSERT_EACH = {
             bindparam("table", type_=outbox.c.table_name.type),
             bindparam("column", type_=outbox.c.column_name.type),
             cast(_json_values("pks", form).c.value, Text),
-            literal(0),
-            literal(0),
-            literal(False),
+            *(literal(value, outbox.c[name].type) for name, value in _FRESH.items()),
             bindparam("due", type_=outbox.c.next_attempt_at.type),
             bindparam("now", type_=outbox.c.created_at.type),
             bindparam("token", type_=outbox.c.claimed_by.type),
@@ -354,7 +358,10 @@ def enqueue(
     returning: bool = True,
     now: dt.datetime | None = None,
 ) -> list[Job]:
-    """Insert one job per key on ``conn`` (in its transaction), in batches; return the jobs.
+    """Insert one job per key on ``conn`` (in its transaction); return the jobs.
+
+    One statement per column and lease state, the keys as one JSON array where the database
+    reads one (:func:`_list_form`); elsewhere batches of nine parameters a job.
 
     Args:
         conn: The connection whose transaction the jobs belong to.
@@ -366,7 +373,8 @@ def enqueue(
         lease: Seconds the birth lease lasts.
         hold: Seconds before unclaimed jobs are due for workers: the committing process claims
             them by id meanwhile (:func:`claim` with ``ids``), a worker only if it does not.
-        returning: Read the new jobs' ids back (``False``: return nothing, a little faster).
+        returning: Return the jobs (``False``: nothing; where the keys go as one JSON array
+            their ids come back anyway, elsewhere the insert skips ``RETURNING``).
         now: The current time (tests).
     """
     rows = [JobKey(table, column, str(pk)) for table, column, pk in keys]  # pks as stored
@@ -383,14 +391,15 @@ def enqueue(
             return now
         return now + _seconds(lease if claimed_by else hold)
 
-    if not returning:
-        conn.execute(insert(outbox), [_values(k, due(k), now, owner(k)) for k in rows])
-        return []
-    form = _list_form(conn)
-    if form is None:
+    form = _list_form(conn, (key.pk for key in rows))
+    if form is not None:
+        made = _insert_each(conn, form, rows, due, now, owner)
+    elif returning:
         made = _insert_many(conn, rows, due, now, owner)
     else:
-        made = _insert_each(conn, form, rows, due, now, owner)
+        conn.execute(insert(outbox), [_values(k, due(k), now, owner(k)) for k in rows])
+    if not returning:
+        return []
     for ids in made.values():  # a key given twice: its ids in the order given
         ids.sort(reverse=True)
     return [
@@ -410,9 +419,7 @@ def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) 
         "table_name": key.table,
         "column_name": key.column,
         "row_pk": key.pk,
-        "attempts": 0,
-        "failures": 0,
-        "dead": False,
+        **_FRESH,
         "next_attempt_at": due,
         "created_at": now,
         "claimed_by": owner,
@@ -482,9 +489,9 @@ def _of_rows(
     now: dt.datetime,
 ) -> Iterator[tuple[str, str, Any]]:
     """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
-    form = _list_form(conn)
     for (table, column), pks in _key_groups(set(keys)).items():
-        for part in _chunks(pks):
+        form = _list_form(conn, pks)
+        for part in _parts(pks, form):
             params = {
                 "table": table,
                 "column": column,
@@ -567,7 +574,7 @@ def claim(
         found = [_job(r) for r in conn.execute(base.limit(limit))]
     else:
         among = base.where(_one_of(outbox.c.id, "ids", form))
-        for part in _chunks(list(ids)):
+        for part in _parts(list(ids), form):
             rows = conn.execute(among, {"ids": _list_param(part, form)})
             found.extend(_job(r) for r in rows)
         found = found[:limit]
@@ -583,7 +590,7 @@ def claim(
         .where(_one_of(outbox.c.id, "ids", form))
         .values(claimed_by=token, next_attempt_at=now + _seconds(lease))
     )
-    for part in _chunks([job.id for job in jobs]):
+    for part in _parts([job.id for job in jobs], form):
         conn.execute(lease_them, {"ids": _list_param(part, form)})
     return jobs
 
@@ -632,10 +639,10 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
         if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed:
             older.append(int(i))
     form = _list_form(conn)
-    for part in _chunks(older):
+    for part in _parts(older, form):
         conn.execute(_DELETE[form], {"ids": _list_param(part, form)})
     gone: set[int] = set()
-    for part in _chunks(ids):
+    for part in _parts(ids, form):
         params = {"ids": _list_param(part, form), "token": token}
         gone.update(int(i) for i in conn.execute(_DELETE_MINE[form], params).scalars())
     return sorted({job.key for job in jobs if job.id not in gone})

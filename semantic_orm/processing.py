@@ -412,6 +412,11 @@ class DeferredSettle:
         self._timer.daemon = True
         self._timer.start()
 
+    def waiting(self, engine: Engine) -> list[Job]:
+        """``engine``'s waiting jobs (a copy; they stay)."""
+        with self._lock:
+            return list(self._jobs.get(engine, []))
+
     def take(self, engine: Engine) -> list[Job]:
         """Remove and return ``engine``'s waiting jobs."""
         with self._lock:

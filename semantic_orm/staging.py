@@ -26,7 +26,8 @@ a transaction it does not own (the test recipe that binds a session to an open c
 no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
 leased (SQLite), a transaction that writes jobs also deletes, through its hooks, the finished
 jobs of this process's earlier commits (whose leases would otherwise hold those rows), and hands
-them back if it, or the savepoint that deleted them, does not commit.
+them back if it, or the savepoint that deleted them, does not commit (once the root transaction
+has ended: until then it holds the database).
 Each flush also notes the text it wrote to each row where the session knows it
 (:attr:`Staged.written`), so that a commit syncing its born-leased jobs need not read them back;
 any other statement the session runs afterwards, or a deletion, makes every row of the
@@ -101,6 +102,10 @@ class Staged:
     carried: list[Job] = field(default_factory=list)
     """Finished jobs of earlier commits that this transaction deletes (given back if it does
     not commit)."""
+    returned: list[Job] = field(default_factory=list)
+    """Jobs a savepoint inside this transaction carried and then rolled back: not deleted,
+    given back when the root transaction ends (until then it holds the database, and a settle
+    would only wait for it)."""
     written: dict[JobKey, str | None] = field(default_factory=dict)
     """The text each key's row holds as this transaction's last flush of it wrote it, where
     the session knows it (see :func:`_written`); a key missing is read back."""
@@ -114,6 +119,7 @@ class Staged:
         self.ids.extend(other.ids)
         self.born.extend(other.born)
         self.carried.extend(other.carried)
+        self.returned.extend(other.returned)
         self.note(other.keys, other.written, other.trusted_until)
 
     def note(
@@ -141,10 +147,12 @@ class StagingHooks:
         prepare: Called with each connection a session begins (create the outbox if needed).
         born_leased: The token to lease a connection's new jobs to at birth, or ``None``.
         lease: Seconds a birth lease lasts.
-        carry: Called, where new jobs are born leased, with the connection of a root
-            transaction's flush: deletes the finished jobs of earlier commits in it; returns
-            them and the keys to queue again (their lease was lost).
-        restore: Called with the jobs ``carry`` deleted in a transaction that did not commit.
+        carry: Called, where new jobs are born leased, with the connection of a flush (a
+            savepoint's too): deletes the finished jobs of earlier commits in its transaction;
+            returns them and the keys to queue again (their lease was lost).
+        restore: Called with the jobs ``carry`` deleted in a transaction that did not commit,
+            once its root transaction has ended (a root still holds the database after a
+            savepoint rolls back).
         hold: Seconds a connection's new unleased jobs wait before workers may take them (the
             committing process syncs them meanwhile).
         on_commit: Called with the engine and what it staged once a durable root commit has
@@ -271,6 +279,11 @@ class SessionTracker:
         conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
         durable = {}
         for engine, part in mine.items():
+            if part.returned:  # the root has committed: the database is free for a settle
+                self.hooks.restore(engine, part.returned)
+                part.returned = []
+            if not part.keys:  # it only held those: nothing to sync
+                continue
             conn, joined = conns.get(engine, (None, False))
             if joined and conn is not None and conn.in_transaction():
                 continue  # an external transaction: it may still roll back; jobs wait in it
@@ -283,9 +296,14 @@ class SessionTracker:
         session.info.pop(_FLUSHING, None)
         staged = session.info.get(_STAGED)
         left = staged.pop(trans, None) if staged else None
+        parent = _enclosing(trans) if trans.nested else None
         for engine, part in (left or {}).items():  # not committed: its deletions are undone
-            if part.carried:
-                self.hooks.restore(engine, part.carried)
+            back = [*part.carried, *part.returned]
+            if back and parent is not None and staged is not None:  # a savepoint: the root
+                # still holds the database, so they go back when it ends
+                staged.setdefault(parent, {}).setdefault(engine, Staged()).returned.extend(back)
+            elif back:
+                self.hooks.restore(engine, back)
         if trans.parent is None and not trans.nested:
             for engine, (conn, joined) in session.info.pop(_CONNECTIONS, {}).items():
                 self.hooks.end(engine, conn, joined)

@@ -449,32 +449,43 @@ def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_
     """A row written again inside a savepoint right after its last commit is synced by that
     commit: the savepoint's flush deletes the finished job whose lease still held the row. A
     savepoint, or the transaction around a released one, that rolls back undoes the deletion
-    and gives the job back; it is settled later all the same."""
+    and gives the job back once the transaction has ended (not before: it holds the database);
+    it is settled later all the same."""
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
     idx, factory = installed()
-    idx.processor.later.delay = 60.0  # no timer: only flushes (and settle()) take the job
+    later = idx.processor.later
+    later.delay = 60.0  # no timer: only flushes (and settle()) take the job
     with factory() as s:
         s.add(Article(id=1, title="t", content="a row about rivers"))
         s.commit()
     first = jobs(tables)
-    assert len(first) == 1  # synced, waiting to be deleted
+    assert len(first) == 1 and [j.id for j in later.waiting(tables)] == [first[0]["id"]]
+
+    def seen_by(s: orm.Session) -> list[dict[str, Any]]:
+        """The outbox as the session's own transaction sees it."""
+        rows = s.connection().execute(select(outbox.outbox).order_by(outbox.outbox.c.id))
+        return [dict(r._mapping) for r in rows]
+
     with factory() as s:
         art = s.get(Article, 1)
         assert art is not None
         savepoint = s.begin_nested()
         art.content = "undone with the savepoint"
         s.flush()
+        assert first[0] not in seen_by(s) and later.waiting(tables) == []  # taken
         savepoint.rollback()
+        assert first[0] in seen_by(s) and later.waiting(tables) == []  # back at the end
         s.commit()
-    assert jobs(tables) == first
+    assert jobs(tables) == first and len(later.waiting(tables)) == 1
     with factory() as s:
         with s.begin_nested():
             art = s.get(Article, 1)
             assert art is not None
             art.content = "undone with the transaction"
+        assert first[0] not in seen_by(s) and later.waiting(tables) == []
         s.rollback()
-    assert jobs(tables) == first
+    assert jobs(tables) == first and len(later.waiting(tables)) == 1
     with factory() as s:
         with s.begin_nested():
             art = s.get(Article, 1)

@@ -289,12 +289,18 @@ def test_keyword_and_hybrid_search(store: VectorStore) -> None:
 
 
 def test_vectors_are_stored_as_given_whatever_the_arrays_layout(store: Store) -> None:
-    """A row of an embedder's batch, a strided view and a float64 array are all stored as
-    their values (the Edge adapter hands the binding the array's buffer, not a list)."""
+    """A row of an embedder's batch, a strided view, a float64 and a big-endian array are all
+    stored as their values (the Edge adapter hands the binding the array's buffer, not a
+    list)."""
     batch = np.asarray([vec(1, 2, 3, 4), vec(4, 3, 2, 1)], dtype=np.float32)
     wide = np.zeros(8, dtype=np.float32)
     wide[::2] = vec(0.5, -1, 2, 0.25)
-    given = {"a": batch[1], "b": wide[::2], "c": vec(1, -2, 0.5, 3).astype(np.float64)}
+    given = {
+        "a": batch[1],
+        "b": wide[::2],
+        "c": vec(1, -2, 0.5, 3).astype(np.float64),
+        "d": vec(2, 1, -1, 0.5).astype(">f4"),  # not the machine's byte order
+    }
     assert not given["b"].flags["C_CONTIGUOUS"]
     store.ensure_collection(SPEC)
     store.upsert(SPEC.name, [p for pk, v in given.items() for p in row_points(pk, [v])])

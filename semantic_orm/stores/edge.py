@@ -560,8 +560,9 @@ class EdgeStore(QdrantStore):
 
     def _dense(self, vector: npt.NDArray[np.float32]) -> Any:
         # the binding reads the array's buffer as it would a list, without the Python floats
-        # of a list in between (a point of 384 dimensions converts ~2.4 µs faster)
-        return vector.data
+        # of a list in between (a point of 384 dimensions converts ~2.4 µs faster); native
+        # float32 as the buffer holds it (no copy when the vector already is)
+        return np.ascontiguousarray(vector, dtype=np.float32).data
 
     def _sparse(self, vector: SparseVector) -> Any:
         return _qe().SparseVector(list(vector.indices), list(vector.values))

@@ -478,19 +478,20 @@ def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_
         assert first[0] in seen_by(s) and later.waiting(tables) == []  # back at the end
         s.commit()
     assert jobs(tables) == first and len(later.waiting(tables)) == 1
-    with factory() as s:
+
+    def in_a_savepoint(s: orm.Session, text: str) -> None:
         with s.begin_nested():
             art = s.get(Article, 1)
             assert art is not None
-            art.content = "undone with the transaction"
+            art.content = text
+
+    with factory() as s:
+        in_a_savepoint(s, "undone with the transaction")
         assert first[0] not in seen_by(s) and later.waiting(tables) == []
         s.rollback()
     assert jobs(tables) == first and len(later.waiting(tables)) == 1
     with factory() as s:
-        with s.begin_nested():
-            art = s.get(Article, 1)
-            assert art is not None
-            art.content = "a text about lakes, written in a savepoint"
+        in_a_savepoint(s, "a text about lakes, written in a savepoint")
         s.commit()
     assert assert_index_matches_database(tables, idx.store) == 1  # at once: no retry needed
     left = jobs(tables)

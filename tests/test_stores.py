@@ -4,6 +4,10 @@ in-memory double shipped in ``semantic_orm.testing``: all three must behave alik
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from semantic_orm import (
     ConfigurationError,
     EdgeStore,
     QdrantClientStore,
+    VectorStoreError,
     keywords,
 )
 from semantic_orm.stores import (
@@ -209,6 +214,47 @@ def test_edge_persists_and_records_metadata(tmp_path: Path) -> None:
         reopened.ensure_collection(CollectionSpec("doc__body", 4, "other"))
     reopened.close()
     assert (tmp_path / "v" / "doc__body" / "semantic_orm.json").is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path) -> None:
+    """A pre-forking server that loaded the app first: the child's copy of the parent's open
+    shard would hang on the locks the parent's threads held (or write beside the parent). The
+    child opens its own instead and gets the one-process error, saying it was forked; the
+    parent goes on."""
+    store = EdgeStore(tmp_path / "v")
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0)]))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report how each store fails, and leave
+        try:
+            said = []
+            for each in (store, EdgeStore(tmp_path / "v")):
+                try:
+                    each.upsert(SPEC.name, row_points("2", [vec(0, 1, 0, 0)]))
+                    said.append("wrote")
+                except VectorStoreError as exc:
+                    said.append(str(exc))
+            os.write(write, json.dumps(said).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:  # the child hangs: what an inherited shard does
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on its parent's shard")
+        time.sleep(0.05)
+    with os.fdopen(read) as pipe:
+        said = json.loads(pipe.read())
+    assert len(said) == 2
+    for message in said:
+        assert f"open in pid {os.getpid()} " in message and "forked from that one" in message
+    store.upsert(SPEC.name, row_points("3", [vec(0, 0, 1, 0)]))
+    assert store.count(SPEC.name) == 2  # the parent's shard: its own two points, intact
+    store.close()
 
 
 def test_edge_indexes_the_row_key_and_declared_fields_but_not_the_chunk_number(

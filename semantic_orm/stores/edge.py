@@ -26,6 +26,10 @@ not fight over the lock. A second process gets one clear :class:`VectorStoreErro
 directory, the process holding it and the two ways out: run one process with Edge (workers as
 threads, :class:`~semantic_orm.worker.Worker`), or use a Qdrant server
 (:class:`~semantic_orm.stores.client.QdrantClientStore`) when several processes must write.
+A process forked from one that has a shard open (a pre-forking server that loaded the app
+first) never uses the parent's: that copy would hang on the locks the parent's threads held at
+the fork, or write beside the parent. It opens its own, and gets that same error while the
+parent holds the directory.
 """
 
 from __future__ import annotations
@@ -110,12 +114,20 @@ def _holder(cdir: Path) -> str:
 
 
 def _held_error(collection: str, cdir: Path, exc: BaseException) -> VectorStoreError:
+    holder = _holder(cdir)
+    forked = ""
+    if _forked_from is not None and holder.startswith(f"pid {_forked_from} "):
+        forked = (
+            "This process was forked from that one after it opened the collection (a server "
+            "that loads the app before forking its workers, e.g. gunicorn --preload): touch "
+            "the index only in the workers. "
+        )
     return VectorStoreError(
-        f"Qdrant Edge collection {collection!r} at {cdir} is open in {_holder(cdir)}: a Qdrant "
+        f"Qdrant Edge collection {collection!r} at {cdir} is open in {holder}: a Qdrant "
         "Edge directory belongs to one process. Either run one process with EdgeStore (a web "
         "server with one worker process, background syncing as a thread: "
         "semantic_orm.Worker(index, engine).start()), or let several processes share a Qdrant "
-        "server: SemanticIndex(store=QdrantClientStore(url='http://qdrant:6333')). "
+        f"server: SemanticIndex(store=QdrantClientStore(url='http://qdrant:6333')). {forked}"
         f"({exc})",
         transient=True,
     )
@@ -169,6 +181,32 @@ class _OpenShard:
 
 _registry: dict[str, _OpenShard] = {}
 _registry_lock = threading.Lock()
+_forked_from: int | None = None
+"""The parent's pid in a process forked while shards were open."""
+
+
+def _forget_parents_shards() -> None:
+    """In a forked child: never touch the shards the parent had open.
+
+    The copies share the parent's files and the state of its threads at the fork (a lock one of
+    them held stays locked here): using one would hang or write beside the parent, and freeing
+    one would flush it. They are marked closed (each store then opens its own) and kept alive
+    for good; the registry starts empty.
+    """
+    global _forked_from, _registry_lock
+    _registry_lock = threading.Lock()  # another thread may have held it at the fork
+    if not _registry:
+        return
+    _forked_from = os.getppid()
+    for opened in _registry.values():
+        opened.closed = True
+        opened.lock = threading.RLock()
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(opened.shard))  # never dropped here
+    _registry.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_shards)
 
 
 def _close(opened: _OpenShard | None) -> None:

@@ -36,6 +36,9 @@ The save path, one module per step:
 If the embedder or the store fails, the commit has already succeeded and the job stays, with
 its attempts, last error and next retry time: nothing is lost.
 
+An index created before a fork resets itself in the child (:meth:`SemanticIndex._forked`):
+its own lease token, none of the parent's waiting jobs, its own gates and retrier thread.
+
 Columns are discovered lazily, when a flush, a statement, a search or a job first names them,
 rather than on ``mapper_configured``: listening to mapper events would be a global hook (every
 mapper of the process, at import time), while an index is installed on chosen sessions only, and
@@ -87,6 +90,33 @@ _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's 
 INLINE_HOLD = 30.0
 """Seconds an inline commit's jobs are kept from workers while the committing process syncs
 them (after a crash, workers take them once this has passed)."""
+
+
+def _new_token() -> str:
+    """A processor token: host, pid (what finds the leases of dead local processes), nonce."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+_live: weakref.WeakSet[SemanticIndex] = weakref.WeakSet()
+"""Every index of this process, for :func:`_after_fork` (registered with the first one)."""
+
+
+def _after_fork() -> None:
+    for index in list(_live):
+        index._forked()
+
+
+_fork_hooked = False
+
+
+def _live_index(index: SemanticIndex) -> None:
+    """Count ``index`` among those a fork resets (see :meth:`SemanticIndex._forked`); the
+    first one registers the hook (importing semantic_orm registers nothing)."""
+    global _fork_hooked
+    if not _fork_hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork)
+        _fork_hooked = True
+    _live.add(index)
 
 
 def _async_types() -> tuple[type[Any], type[Any], type[Any]] | None:
@@ -255,7 +285,7 @@ class SemanticIndex:
         self.create_outbox = create_outbox
         self.reranker = reranker
         self.policy = RetryPolicy(max_attempts, retry_base, retry_cap, lease)
-        self.token = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.token = _new_token()
         self.fusion: Fusion = fusion or DEFAULT_FUSION
         self.bindings = Bindings(
             store, collection_prefix, self._embedder_named, self.fusion.describe()
@@ -299,6 +329,18 @@ class SemanticIndex:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._aretrying: set[Any] = set()
         self._async_engines: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+        _live_index(self)
+
+    def _forked(self) -> None:
+        """In a process forked from this one's (a server that loads the app before forking its
+        workers): a token of its own (leases, and the release of a dead process's, go by
+        pid), none of the parent's finished jobs, fresh write gates and a retrier of its own
+        (threads do not survive a fork, and a lock one held then stays held)."""
+        self.token = self.processor.token = _new_token()
+        self.processor.later.forked()
+        self._lock = threading.RLock()
+        self._gates = weakref.WeakKeyDictionary()
+        self._retry = _Retrier(self)
 
     def __repr__(self) -> str:
         return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"

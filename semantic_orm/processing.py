@@ -412,6 +412,15 @@ class DeferredSettle:
         self._timer.daemon = True
         self._timer.start()
 
+    def forked(self) -> None:
+        """In a process forked from this one's: the waiting jobs are the parent's (it settles
+        them), no timer runs here (threads do not survive a fork) and a lock another thread
+        held at the fork stays held: start empty."""
+        self._lock = threading.Lock()
+        self._jobs = weakref.WeakKeyDictionary()
+        self._since = weakref.WeakKeyDictionary()
+        self._timer = None
+
     def waiting(self, engine: Engine) -> list[Job]:
         """``engine``'s waiting jobs (a copy; they stay)."""
         with self._lock:

@@ -9,6 +9,8 @@ test on PostgreSQL only), both store adapters, the fake embedder.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import random
 import signal
 import subprocess
@@ -34,6 +36,7 @@ from semantic_orm import (
     SemanticText,
     Worker,
     outbox,
+    processing,
 )
 from semantic_orm.maintenance import reconcile, status
 from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
@@ -496,6 +499,45 @@ def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_
     assert assert_index_matches_database(tables, idx.store) == 1  # at once: no retry needed
     left = jobs(tables)
     assert len(left) == 1 and left != first  # the first job went with the commit: its own now
+    idx.settle()
+    assert jobs(tables) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_has_its_own_token_and_none_of_its_parents_finished_jobs(
+    tables: Engine, installed: Any
+) -> None:
+    """A server that loads the app, commits, then forks its workers: a worker's leases carry
+    its own pid (what finds a dead process's leases), and it never settles, at exit or
+    otherwise, the finished jobs its parent still holds (as its own they would be lost and
+    queued again; under the parent's token, deleted behind its back)."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("born-leased jobs wait to be deleted on SQLite only")
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    before = jobs(tables)
+    assert len(before) == 1 and before[0]["claimed_by"] == idx.token
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            later = idx.processor.later
+            seen = [idx.token, idx.processor.token, len(later.waiting(tables))]
+            processing._settle_at_exit()  # what the child's exit would run
+            os.write(write, json.dumps(seen).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        token, processor_token, waiting = json.loads(pipe.read())
+    assert token == processor_token != idx.token and f":{pid}:" in token
+    assert waiting == 0
+    assert jobs(tables) == before  # the parent's job: untouched by the child
+    assert [j.id for j in idx.processor.later.waiting(tables)] == [before[0]["id"]]
     idx.settle()
     assert jobs(tables) == []
 

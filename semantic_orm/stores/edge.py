@@ -153,7 +153,7 @@ def _load_into(opened: _OpenShard | None, collection: str, cdir: Path) -> _OpenS
         ) from exc
     _claim_owner(cdir)
     if opened is None:
-        opened = _registry[key] = _OpenShard(shard, int(meta["dimension"]), meta)
+        opened = _registered(key, _OpenShard(shard, int(meta["dimension"]), meta))
     else:
         opened.shard, opened.meta, opened.dimension = shard, meta, int(meta["dimension"])
     return opened
@@ -205,8 +205,18 @@ def _forget_parents_shards() -> None:
     _registry.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_parents_shards)
+_fork_hooked = False
+
+
+def _registered(key: str, opened: _OpenShard) -> _OpenShard:
+    """Put a newly opened shard in the registry (locked); the first one registers the fork
+    hook (importing semantic_orm registers nothing)."""
+    global _fork_hooked
+    if not _fork_hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_parents_shards)
+        _fork_hooked = True
+    _registry[key] = opened
+    return opened
 
 
 def _close(opened: _OpenShard | None) -> None:
@@ -351,7 +361,7 @@ class EdgeStore(QdrantStore):
                 elif spec is None:
                     return None
                 else:
-                    opened = _registry[key] = self._create(collection, cdir, spec)
+                    opened = _registered(key, self._create(collection, cdir, spec))
             opened.users += 1
         with self._lock:
             self._mine[collection] = opened

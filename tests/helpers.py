@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -186,3 +189,25 @@ def foreign_keys_on(engine: Engine) -> Engine:
 
         engine.dispose()
     return engine
+
+
+def in_a_forked_child(work: Callable[[], Any], timeout: float = 60.0) -> tuple[int, Any]:
+    """Run ``work`` in a child forked from this process; its pid and what it returned (through
+    JSON). A child that hangs past ``timeout`` is killed and fails the test."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's exit hooks
+        try:
+            os.write(write, json.dumps(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the forked child hung for {timeout} s")
+        time.sleep(0.02)
+    with os.fdopen(read) as pipe:
+        return pid, json.loads(pipe.read() or "null")

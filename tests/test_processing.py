@@ -9,7 +9,6 @@ test on PostgreSQL only), both store adapters, the fake embedder.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import random
 import signal
@@ -46,6 +45,7 @@ from .helpers import (
     PoisonEmbedder,
     assert_index_matches_database,
     foreign_keys_on,
+    in_a_forked_child,
     jobs,
     payloads,
     points_of,
@@ -520,20 +520,13 @@ def test_a_forked_process_has_its_own_token_and_none_of_its_parents_finished_job
         s.commit()
     before = jobs(tables)
     assert len(before) == 1 and before[0]["claimed_by"] == idx.token
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            later = idx.processor.later
-            seen = [idx.token, idx.processor.token, len(later.waiting(tables))]
-            processing._settle_at_exit()  # what the child's exit would run
-            os.write(write, json.dumps(seen).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    with os.fdopen(read) as pipe:
-        token, processor_token, waiting = json.loads(pipe.read())
+
+    def exit_in_the_child() -> list[Any]:
+        seen = [idx.token, idx.processor.token, len(idx.processor.later.waiting(tables))]
+        processing._settle_at_exit()  # what the child's exit would run
+        return seen
+
+    pid, (token, processor_token, waiting) = in_a_forked_child(exit_in_the_child)
     assert token == processor_token != idx.token and f":{pid}:" in token
     assert waiting == 0
     assert jobs(tables) == before  # the parent's job: untouched by the child

@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,8 @@ from semantic_orm.stores.base import (
     Ranking,
 )
 from semantic_orm.testing import MemoryStore
+
+from .helpers import in_a_forked_child
 
 SPEC = CollectionSpec(name="doc__body", dimension=4, model="m-4", metadata={"chunker": {"x": 1}})
 
@@ -225,30 +225,18 @@ def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path)
     store = EdgeStore(tmp_path / "v")
     store.ensure_collection(SPEC)
     store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0)]))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report how each store fails, and leave
-        try:
-            said = []
-            for each in (store, EdgeStore(tmp_path / "v")):
-                try:
-                    each.upsert(SPEC.name, row_points("2", [vec(0, 1, 0, 0)]))
-                    said.append("wrote")
-                except VectorStoreError as exc:
-                    said.append(str(exc))
-            os.write(write, json.dumps(said).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    deadline = time.monotonic() + 60
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:  # the child hangs: what an inherited shard does
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung on its parent's shard")
-        time.sleep(0.05)
-    with os.fdopen(read) as pipe:
-        said = json.loads(pipe.read())
+
+    def write_in_the_child() -> list[str]:
+        said = []
+        for each in (store, EdgeStore(tmp_path / "v")):
+            try:
+                each.upsert(SPEC.name, row_points("2", [vec(0, 1, 0, 0)]))
+                said.append("wrote")
+            except VectorStoreError as exc:
+                said.append(str(exc))
+        return said
+
+    _, said = in_a_forked_child(write_in_the_child)  # a hung child fails here
     assert len(said) == 2
     for message in said:
         assert f"open in pid {os.getpid()} " in message and "forked from that one" in message
@@ -418,7 +406,6 @@ def test_filters_mean_the_same_on_every_store(store: Store) -> None:
 
 
 def test_collection_of_the_old_single_vector_layout_is_refused(tmp_path: Path) -> None:
-    import json
 
     import qdrant_client
     import qdrant_edge as qe

@@ -13,8 +13,8 @@ on the sessions whose commits should reach the store::
 Installing on a ``sessionmaker`` listens on that factory's private Session subclass only;
 installing on one ``Session`` scopes it to that session; a ``scoped_session`` is installed
 through its factory, an ``async_sessionmaker`` through a private subclass of its sync session
-class. Importing semantic_orm registers nothing. ``Model.semantic_search(session, ...)`` finds
-the index installed for its session.
+class. Importing semantic_orm registers no SQLAlchemy listener.
+``Model.semantic_search(session, ...)`` finds the index installed for its session.
 
 The save path, one module per step:
 
@@ -111,7 +111,7 @@ _fork_hooked = False
 
 def _live_index(index: SemanticIndex) -> None:
     """Count ``index`` among those a fork resets (see :meth:`SemanticIndex._forked`); the
-    first one registers the hook (importing semantic_orm registers nothing)."""
+    first one registers the hook (importing semantic_orm does not)."""
     global _fork_hooked
     if not _fork_hooked and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork)
@@ -340,7 +340,12 @@ class SemanticIndex:
         self.processor.later.forked()
         self._lock = threading.RLock()
         self._gates = weakref.WeakKeyDictionary()
+        closed = self._retry.stopped()
         self._retry = _Retrier(self)
+        if closed:
+            self._retry.stop()
+        self._tasks = set()  # the parent's event loop's
+        self._aretrying = set()
 
     def __repr__(self) -> str:
         return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"
@@ -899,6 +904,10 @@ class _Retrier:
                     left = (due - outbox.utcnow()).total_seconds()
                     left = min(max(left, self.interval / 20), 60.0)
                     sleep = left if sleep is None else min(sleep, left)
+
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopped.is_set()
 
     def stop(self) -> None:
         """Stop the thread (at the end of its current pass)."""

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -193,21 +194,43 @@ def foreign_keys_on(engine: Engine) -> Engine:
 
 def in_a_forked_child(work: Callable[[], Any], timeout: float = 60.0) -> tuple[int, Any]:
     """Run ``work`` in a child forked from this process; its pid and what it returned (through
-    JSON). A child that hangs past ``timeout`` is killed and fails the test."""
+    JSON). The child's exception fails the test with its traceback; a child that hangs past
+    ``timeout`` is killed and fails it too."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, and leave without running the parent's exit hooks
+        status = 1
         try:
-            os.write(write, json.dumps(work()).encode())
+            try:
+                out = json.dumps({"returned": work()})
+                status = 0
+            except BaseException:
+                out = json.dumps({"raised": traceback.format_exc()})
+            with os.fdopen(write, "w") as pipe:
+                pipe.write(out)
         finally:
-            os._exit(0)
+            os._exit(status)
     os.close(write)
+    os.set_blocking(read, False)
+    received = b""
     deadline = time.monotonic() + timeout
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    while True:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read, 65536):
+                received += chunk
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(read, 65536):
+                    received += chunk
+            break
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             raise AssertionError(f"the forked child hung for {timeout} s")
         time.sleep(0.02)
-    with os.fdopen(read) as pipe:
-        return pid, json.loads(pipe.read() or "null")
+    os.close(read)
+    report = json.loads(received or b"{}")
+    assert "raised" not in report, f"the forked child failed:\n{report['raised']}"
+    assert os.waitstatus_to_exitcode(status) == 0 and "returned" in report, report
+    return pid, report["returned"]

@@ -28,8 +28,10 @@ threads, :class:`~semantic_orm.worker.Worker`), or use a Qdrant server
 (:class:`~semantic_orm.stores.client.QdrantClientStore`) when several processes must write.
 A process forked from one that has a shard open (a pre-forking server that loaded the app
 first) never uses the parent's: that copy would hang on the locks the parent's threads held at
-the fork, or write beside the parent. It opens its own, and gets that same error while the
-parent holds the directory.
+the fork, or write beside the parent. It opens its own and gets that same error (the parent's
+copy, kept in the child, holds the directory for as long as the child lives). The fork hook
+runs where Python forks (``os.fork``, multiprocessing, gunicorn); a server that forks from C
+without it (uWSGI without ``lazy-apps``) must not load the index before its fork.
 """
 
 from __future__ import annotations
@@ -193,8 +195,9 @@ def _forget_parents_shards() -> None:
     one would flush it. They are marked closed (each store then opens its own) and kept alive
     for good; the registry starts empty.
     """
-    global _forked_from, _registry_lock
-    _registry_lock = threading.Lock()  # another thread may have held it at the fork
+    global _forked_from, _registry_lock, _schedule_lock
+    _registry_lock = threading.Lock()  # another thread may have held them at the fork
+    _schedule_lock = threading.Lock()
     if not _registry:
         return
     _forked_from = os.getppid()
@@ -210,7 +213,7 @@ _fork_hooked = False
 
 def _registered(key: str, opened: _OpenShard) -> _OpenShard:
     """Put a newly opened shard in the registry (locked); the first one registers the fork
-    hook (importing semantic_orm registers nothing)."""
+    hook (importing semantic_orm does not)."""
     global _fork_hooked
     if not _fork_hooked and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget_parents_shards)

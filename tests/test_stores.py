@@ -221,7 +221,7 @@ def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path)
     """A pre-forking server that loaded the app first: the child's copy of the parent's open
     shard would hang on the locks the parent's threads held (or write beside the parent). The
     child opens its own instead and gets the one-process error, saying it was forked; the
-    parent goes on."""
+    parent goes on. Nor can the child delete the collection from under the parent."""
     store = EdgeStore(tmp_path / "v")
     store.ensure_collection(SPEC)
     store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0)]))
@@ -242,6 +242,18 @@ def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path)
         assert f"open in pid {os.getpid()} " in message and "forked from that one" in message
     store.upsert(SPEC.name, row_points("3", [vec(0, 0, 1, 0)]))
     assert store.count(SPEC.name) == 2  # the parent's shard: its own two points, intact
+
+    def drop_in_the_child() -> str:  # as `semantic-orm gc` run beside the app would
+        try:
+            EdgeStore(tmp_path / "v").drop_collection(SPEC.name)
+        except VectorStoreError as exc:
+            return str(exc)
+        return "dropped"
+
+    _, said = in_a_forked_child(drop_in_the_child)
+    assert f"open in pid {os.getpid()} " in said
+    store.upsert(SPEC.name, row_points("4", [vec(1, 1, 0, 0)]))
+    assert store.count(SPEC.name) == 3 and (tmp_path / "v" / SPEC.name).is_dir()
     store.close()
 
 

@@ -518,8 +518,11 @@ class EdgeStore(QdrantStore):
         return None if opened is None else dict(opened.meta)
 
     def drop_collection(self, collection: str) -> None:
-        """Close and delete the collection's directory."""
+        """Close and delete the collection's directory; refused (the one-process error) while
+        another process holds it, whose shard would lose its files under it."""
         cdir = self._dir(collection)
+        if (cdir / _META_FILE).exists():
+            self._require(collection)  # holding it here proves no other process does
         with _registry_lock:
             _close(_registry.pop(str(cdir), None))
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,24 @@ def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path)
     assert f"open in pid {os.getpid()} " in said
     store.upsert(SPEC.name, row_points("4", [vec(1, 1, 0, 0)]))
     assert store.count(SPEC.name) == 3 and (tmp_path / "v" / SPEC.name).is_dir()
+    store.close()
+
+
+def test_edge_drops_a_collection_whose_shard_cannot_be_read(tmp_path: Path) -> None:
+    """Only another process's hold refuses a drop: a shard that cannot be loaded (its files
+    damaged) is deleted like any other."""
+    store = EdgeStore(tmp_path / "v")
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0)]))
+    store.close()
+    shard = tmp_path / "v" / SPEC.name / "shard"
+    shutil.rmtree(shard)
+    shard.write_text("not a shard")
+    store = EdgeStore(tmp_path / "v")
+    with pytest.raises(VectorStoreError, match="cannot open"):
+        store.count(SPEC.name)
+    store.drop_collection(SPEC.name)
+    assert not (tmp_path / "v" / SPEC.name).exists() and store.list_collections() == []
     store.close()
 
 

@@ -115,6 +115,10 @@ def _holder(cdir: Path) -> str:
         return "another process"
 
 
+class _HeldElsewhere(VectorStoreError):
+    """The shard is open in another process (see :func:`_held_error`)."""
+
+
 def _held_error(collection: str, cdir: Path, exc: BaseException) -> VectorStoreError:
     holder = _holder(cdir)
     forked = ""
@@ -124,7 +128,7 @@ def _held_error(collection: str, cdir: Path, exc: BaseException) -> VectorStoreE
             "that loads the app before forking its workers, e.g. gunicorn --preload): touch "
             "the index only in the workers. "
         )
-    return VectorStoreError(
+    return _HeldElsewhere(
         f"Qdrant Edge collection {collection!r} at {cdir} is open in {holder}: a Qdrant "
         "Edge directory belongs to one process. Either run one process with EdgeStore (a web "
         "server with one worker process, background syncing as a thread: "
@@ -522,7 +526,12 @@ class EdgeStore(QdrantStore):
         another process holds it, whose shard would lose its files under it."""
         cdir = self._dir(collection)
         if (cdir / _META_FILE).exists():
-            self._require(collection)  # holding it here proves no other process does
+            try:
+                self._require(collection)  # holding it here proves no other process does
+            except _HeldElsewhere:
+                raise
+            except VectorStoreError:  # unreadable: nobody holds it, and it goes
+                log.warning("semantic_orm: dropping unreadable collection %r", collection)
         with _registry_lock:
             _close(_registry.pop(str(cdir), None))
         with self._lock:

@@ -382,22 +382,18 @@ def enqueue(
         return []
     now = now or utcnow()
     busy, present = _row_jobs(conn, rows, now=now) if claimed_by else (set(), set())
-
-    def owner(key: JobKey) -> str | None:
-        return None if key in busy else claimed_by
-
-    def due(key: JobKey) -> dt.datetime:
-        if key in busy:  # behind the live lease: due at once, for whoever holds it next
-            return now
-        return now + _seconds(lease if claimed_by else hold)
-
+    free_at = now + _seconds(lease if claimed_by else hold)
+    values = [  # a key behind a live lease: unclaimed and due at once, for whoever holds it next
+        _values(key, now, now, None) if key in busy else _values(key, free_at, now, claimed_by)
+        for key in rows
+    ]
     form = _list_form(conn, (key.pk for key in rows))
     if form is not None:
-        made = _insert_each(conn, form, rows, due, now, owner)
+        made = _insert_each(conn, form, values)
     elif returning:
-        made = _insert_many(conn, rows, due, now, owner)
+        made = _insert_many(conn, values)
     else:
-        conn.execute(insert(outbox), [_values(k, due(k), now, owner(k)) for k in rows])
+        conn.execute(insert(outbox), values)
     if not returning:
         return []
     for ids in made.values():  # a key given twice: its ids in the order given
@@ -406,10 +402,10 @@ def enqueue(
         Job(
             made[key].pop(),
             key,
-            claimed_by=owner(key),
+            claimed_by=value["claimed_by"],
             alone=bool(claimed_by) and key not in present,
         )
-        for key in rows
+        for key, value in zip(rows, values, strict=True)
     ]
 
 
@@ -426,16 +422,10 @@ def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) 
     }
 
 
-def _insert_many(
-    conn: Connection,
-    rows: Sequence[JobKey],
-    due: Callable[[JobKey], dt.datetime],
-    now: dt.datetime,
-    owner: Callable[[JobKey], str | None],
-) -> dict[JobKey, list[int]]:
-    """Insert one job per key, nine parameters each; the new ids of each key."""
+def _insert_many(conn: Connection, values: Sequence[dict[str, Any]]) -> dict[JobKey, list[int]]:
+    """Insert the jobs ``values`` (:func:`_values`), nine parameters each; the new ids of each
+    key."""
     made: dict[JobKey, list[int]] = {}
-    values = [_values(k, due(k), now, owner(k)) for k in rows]
     for start in range(0, len(values), 1000):
         for i, table, column, pk in conn.execute(_INSERT, values[start : start + 1000]):
             made.setdefault(JobKey(table, column, pk), []).append(int(i))
@@ -443,26 +433,22 @@ def _insert_many(
 
 
 def _insert_each(
-    conn: Connection,
-    form: str,
-    rows: Sequence[JobKey],
-    due: Callable[[JobKey], dt.datetime],
-    now: dt.datetime,
-    owner: Callable[[JobKey], str | None],
+    conn: Connection, form: str, values: Sequence[dict[str, Any]]
 ) -> dict[JobKey, list[int]]:
-    """Insert one job per key, one statement per column and lease state with the keys as one
-    JSON array (binding nine values a job through SQLAlchemy cost more than the insert); the
-    new ids of each key."""
-    groups: dict[tuple[str, str, dt.datetime, str | None], list[str]] = {}
-    for key in rows:
-        groups.setdefault((key.table, key.column, due(key), owner(key)), []).append(key.pk)
+    """Insert the jobs ``values`` (:func:`_values`), one statement per column and lease state
+    with the keys as one JSON array (binding nine values a job through SQLAlchemy cost more
+    than the insert); the new ids of each key."""
+    shared = ("table_name", "column_name", "next_attempt_at", "created_at", "claimed_by")
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for value in values:
+        groups.setdefault(tuple(value[name] for name in shared), []).append(value["row_pk"])
     made: dict[JobKey, list[int]] = {}
-    for (table, column, when, token), pks in groups.items():
+    for (table, column, due, now, token), pks in groups.items():
         params = {
             "table": table,
             "column": column,
-            "pks": json.dumps(pks),
-            "due": when,
+            "pks": _list_param(pks, form),
+            "due": due,
             "now": now,
             "token": token,
         }

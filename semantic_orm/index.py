@@ -70,6 +70,7 @@ from .applying import Applier
 from .binding import Bindings, ColumnBinding
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
 from .exc import ConfigurationError
+from .forking import in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .processing import Processor, ProcessReport, RetryPolicy
@@ -98,25 +99,12 @@ def _new_token() -> str:
 
 
 _live: weakref.WeakSet[SemanticIndex] = weakref.WeakSet()
-"""Every index of this process, for :func:`_after_fork` (registered with the first one)."""
+"""Every index of this process, for :func:`_after_fork`."""
 
 
 def _after_fork() -> None:
     for index in list(_live):
         index._forked()
-
-
-_fork_hooked = False
-
-
-def _live_index(index: SemanticIndex) -> None:
-    """Count ``index`` among those a fork resets (see :meth:`SemanticIndex._forked`); the
-    first one registers the hook (importing semantic_orm does not)."""
-    global _fork_hooked
-    if not _fork_hooked and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork)
-        _fork_hooked = True
-    _live.add(index)
 
 
 def _async_types() -> tuple[type[Any], type[Any], type[Any]] | None:
@@ -329,7 +317,8 @@ class SemanticIndex:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._aretrying: set[Any] = set()
         self._async_engines: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
-        _live_index(self)
+        _live.add(self)
+        in_forked_child(_after_fork)
 
     def _forked(self) -> None:
         """In a process forked from this one's (a server that loads the app before forking its

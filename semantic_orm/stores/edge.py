@@ -29,9 +29,8 @@ threads, :class:`~semantic_orm.worker.Worker`), or use a Qdrant server
 A process forked from one that has a shard open (a pre-forking server that loaded the app
 first) never uses the parent's: that copy would hang on the locks the parent's threads held at
 the fork, or write beside the parent. It opens its own and gets that same error (the parent's
-copy, kept in the child, holds the directory for as long as the child lives). The fork hook
-runs where Python forks (``os.fork``, multiprocessing, gunicorn); a server that forks from C
-without it (uWSGI without ``lazy-apps``) must not load the index before its fork.
+copy, kept in the child, holds the directory for as long as the child lives); see
+:mod:`semantic_orm.forking` for where that hook runs.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..exc import ConfigurationError, VectorStoreError, import_optional
+from ..forking import in_forked_child
 from . import base
 from .base import CollectionSpec, PayloadIndex, Ranking, SparseVector
 from .qdrant import QdrantStore, dense_indexed, store_error
@@ -212,16 +212,9 @@ def _forget_parents_shards() -> None:
     _registry.clear()
 
 
-_fork_hooked = False
-
-
 def _registered(key: str, opened: _OpenShard) -> _OpenShard:
-    """Put a newly opened shard in the registry (locked); the first one registers the fork
-    hook (importing semantic_orm does not)."""
-    global _fork_hooked
-    if not _fork_hooked and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forget_parents_shards)
-        _fork_hooked = True
+    """Put a newly opened shard in the registry (locked), forgotten by forked children."""
+    in_forked_child(_forget_parents_shards)
     _registry[key] = opened
     return opened
 

@@ -211,18 +211,11 @@ def same_payloads(index: SemanticIndex, analyzer: KeywordAnalyzer) -> Any:
     config = index.binding_for(semantic_columns(inspect(Doc))[0]).fingerprint
 
     def payload_of(key: str, body: str, c: Any) -> dict[str, Any]:
-        return PointPayload(
-            pk=key,
-            chunk_index=c.index,
-            start_offset=c.start_offset,
-            end_offset=c.end_offset,
-            total_chunks=c.total_chunks,
-            chunk_hash=text_hash(c.text),
-            config=config,
-            analyzer=analyzer.id,
-            text_hash=text_hash(body),
-            meta=dict(c.metadata),
-        ).to_dict()
+        # built as the ORM builds it (the dict directly, no PointPayload object in between)
+        digests = PointPayload.pack(text_hash(c.text), text_hash(body), config, analyzer.id)
+        return PointPayload.stored(
+            key, c.index, c.start_offset, c.end_offset, c.total_chunks, digests, c.metadata, {}
+        )
 
     return payload_of
 

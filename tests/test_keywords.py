@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import string
+from collections import Counter
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from semantic_orm import keywords
 from semantic_orm.keywords import document_vector, query_vector, tokenize
@@ -91,12 +97,21 @@ def test_a_language_stems_with_qdrants_snowball_and_keeps_codes_whole() -> None:
     assert w1 < w2 < keywords.K1 + 1
 
 
-def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
-    """Each word's analysis is remembered (a corpus repeats its vocabulary): the counts and
-    the length must stay exactly those of ``tokenize``, on first sight of a word and after."""
-    import random
-    from collections import Counter
+def _counted(text: str) -> tuple[Counter[int], float]:
+    """What ``KeywordAnalyzer().counts`` must give: each term of :func:`tokenize` counted, and
+    the length summed term by term in their order (a bigram a third of a word)."""
+    expected: Counter[int] = Counter()
+    length = 0.0
+    for term in tokenize(text):
+        expected[keywords._index(term)] += 1
+        length += keywords.BIGRAM_LENGTH if keywords._RUN_RE.match(term) else 1.0
+    return expected, length
 
+
+def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
+    """Each word's analysis is remembered (a corpus repeats its vocabulary) and ASCII text is
+    read by the standard library's engine: the counts and the length must stay exactly those
+    of ``tokenize``, on first sight of a word and after, for ASCII text and any other."""
     pieces = [
         "Rivers",
         "rivières",
@@ -127,17 +142,35 @@ def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
         "Ⅻ",
         "",
     ]
+    plain = [piece for piece in pieces if piece.isascii()] + ["O'Neil-2", "a-", "'b", "-"]
     separators = [" ", "  ", ", ", ". ", "\n\n", "-", "'", "/", "—"]
     rng = random.Random(5)
     analyser = keywords.KeywordAnalyzer()
-    for _ in range(300):
-        text = "".join(
-            rng.choice(pieces) + rng.choice(separators) for _ in range(rng.randint(1, 30))
-        )
-        expected: Counter[int] = Counter()
-        length = 0.0
-        for term in tokenize(text):
-            expected[keywords._index(term)] += 1
-            length += keywords.BIGRAM_LENGTH if keywords._RUN_RE.match(term) else 1.0
+    for i in range(600):
+        words, between = (plain, separators[:-1]) if i % 2 else (pieces, separators)
+        text = "".join(rng.choice(words) + rng.choice(between) for _ in range(rng.randint(1, 30)))
+        assert text.isascii() or i % 2 == 0
         for _ in range(2):  # words first seen, then remembered
-            assert analyser.counts(text) == (expected, length), text
+            assert analyser.counts(text) == _counted(text), text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=120) | st.text(alphabet=string.printable, max_size=120))
+def test_any_text_counts_the_terms_tokenize_yields(text: str) -> None:
+    assert keywords.KeywordAnalyzer().counts(text) == _counted(text)
+
+
+def test_no_term_of_a_word_is_a_bigram_in_any_script() -> None:
+    """A word's terms each count one word in a chunk's length (``_word_indices``): runs of the
+    unspaced scripts are cut out before words are read, and folding a word's accents never
+    makes a letter of those scripts. Every code point, in a word of its own; and every letter
+    of those scripts is at or above ``_UNSPACED_FROM`` (text below it is not searched)."""
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        prepared = keywords._RUN_RE.sub(" ", keywords._prepare(chr(code)))
+        for word in keywords._WORD_RE.findall(prepared):
+            for term in keywords._word_terms(word):
+                assert not keywords._RUN_RE.search(term), (hex(code), term)
+        if keywords._RUN_RE.match(chr(code)):  # text below the first of them has no run
+            assert chr(code) >= keywords._UNSPACED_FROM, hex(code)

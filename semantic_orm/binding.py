@@ -21,7 +21,6 @@ import functools
 import hashlib
 import json
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from .chunking import TYPE_KEY, TYPES_KEY, Chunker
 from .embedding import Embedder, embedder_settings
 from .exc import CollectionMismatchError, ConfigurationError, EmbeddingDriftError
 from .filtering import FilterField, describe, filter_fields
+from .forking import RenewedLock
 from .keywords import KeywordAnalyzer, analyzer_for
 from .mapping import SemanticColumn
 from .normalizing import DEFAULT_NORMALIZE, Normalizer
@@ -241,7 +241,7 @@ class Bindings:
         self._checked: dict[str, str] = {}  # collection -> fingerprint checked for writing
         self._searchable: dict[str, str] = {}  # drifted in chunking only: searchable
         self._untrusted: dict[str, frozenset[str]] = {}  # collection -> filter fields not filled
-        self._lock = threading.RLock()
+        self._lock = RenewedLock(reentrant=True)
 
     # -- columns -------------------------------------------------------------------------------
 

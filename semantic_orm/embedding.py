@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,6 +36,7 @@ import regex
 
 from .chunking import tokenizer_spans
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
+from .forking import RenewedLock
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -365,7 +365,7 @@ class SentenceTransformerEmbedder:
         self._model: Any = None
         self._spans: Any = None
         self._coverage: Callable[[str], float] | None = None
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({self._name!r})"

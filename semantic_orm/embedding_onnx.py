@@ -32,7 +32,6 @@ import platform
 import shutil
 import stat
 import tempfile
-import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
+from .forking import RenewedLock
 
 __all__ = [
     "OnnxModel",
@@ -184,7 +184,7 @@ def default_cache_dir() -> Path:
     return _temporary_cache(wanted)
 
 
-_temporary_lock = threading.Lock()
+_temporary_lock = RenewedLock()
 _made: list[Path] = []  # this process's own fallback, once made (removed at exit)
 _warned: set[Path] = set()
 

@@ -70,7 +70,7 @@ from .applying import Applier
 from .binding import Bindings, ColumnBinding
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
 from .exc import ConfigurationError
-from .forking import in_forked_child
+from .forking import RenewedLock, in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .processing import Processor, ProcessReport, RetryPolicy
@@ -86,7 +86,7 @@ log = logging.getLogger("semantic_orm")
 DEFAULT_PATH_ENV = "SEMANTIC_ORM_PATH"
 
 _installed: weakref.WeakKeyDictionary[Any, SemanticIndex] = weakref.WeakKeyDictionary()
-_installed_lock = threading.Lock()
+_installed_lock = RenewedLock()
 _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's creation
 INLINE_HOLD = 30.0
 """Seconds an inline commit's jobs are kept from workers while the committing process syncs
@@ -849,7 +849,7 @@ class _Retrier:
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
 
     def poke(self, engine: Engine, *, first_look: bool = False) -> None:
         """A commit happened on ``engine``: look for due jobs soon.

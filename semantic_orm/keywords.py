@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-import threading
 import unicodedata
 import zlib
 from collections import Counter
@@ -51,6 +50,7 @@ from typing import Any
 import regex
 
 from .exc import MissingDependencyError
+from .forking import RenewedLock
 from .normalizing import LANGUAGES, check_language
 from .stores.base import SparseVector
 
@@ -212,7 +212,7 @@ class KeywordAnalyzer:
     def __init__(self, language: str | None = None) -> None:
         self.language = check_language(language)
         self._words: Any = None
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
 
     def __repr__(self) -> str:
         return f"KeywordAnalyzer({self.language!r})"

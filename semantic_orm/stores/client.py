@@ -18,11 +18,14 @@ A search's rankings go to the server in one batch request.
 from __future__ import annotations
 
 import contextlib
-import threading
+import logging
+import os
 import warnings
+import weakref
 from typing import Any
 
 from ..exc import ConfigurationError, VectorStoreError, import_optional
+from ..forking import RenewedLock, in_forked_child
 from .base import (
     COLLECTION_LAYOUT,
     DEFAULT_BATCH_SIZE,
@@ -103,6 +106,18 @@ def _index_schema(index: PayloadIndex) -> Any:
     }[index.kind]
 
 
+log = logging.getLogger("semantic_orm")
+_stores: weakref.WeakSet[QdrantClientStore] = weakref.WeakSet()
+_reopening = RenewedLock()
+
+
+def _forked_stores() -> None:
+    """In a forked child: each store makes its own client before its next call."""
+    parent = os.getppid()
+    for store in list(_stores):
+        store._forked_from = parent
+
+
 class QdrantClientStore(QdrantStore):
     """Vector store on a Qdrant server (by URL) or in qdrant-client's local mode.
 
@@ -145,8 +160,10 @@ class QdrantClientStore(QdrantStore):
                 "QdrantClientStore takes exactly one of url=, location=, path= or client=, "
                 f"got {given or 'none'}"
             )
+        self._options: dict[str, Any] | None = None
         if client is None:
-            client = _qc().QdrantClient(url=url, location=location, path=path, **client_kwargs)
+            self._options = {"url": url, "location": location, "path": path, **client_kwargs}
+            client = _qc().QdrantClient(**self._options)
         elif client_kwargs:
             raise ConfigurationError(
                 "QdrantClientStore(client=...) takes no client options, "
@@ -159,14 +176,52 @@ class QdrantClientStore(QdrantStore):
         # qdrant-client's local mode is not thread-safe (a server is): serialize its calls
         local = path is not None or (location is not None and "://" not in location)
         local = local or type(getattr(client, "_client", None)).__name__ == "QdrantLocal"
-        self._serial: Any = threading.RLock() if local else contextlib.nullcontext()
+        self._serial: Any = RenewedLock(reentrant=True) if local else contextlib.nullcontext()
+        self._forked_from: int | None = None
+        self._inherited: list[Any] = []
+        _stores.add(self)
+        in_forked_child(_forked_stores)
 
     def __repr__(self) -> str:
         return f"QdrantClientStore({self._where!r})"
 
     def _call(self, what: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._forked_from is not None:
+            self._own_client()
         with self._serial:
             return self._guard(what, getattr(self.client, name), *args, **kwargs)
+
+    def _own_client(self) -> None:
+        """In a process forked after this store was made (a server that loads the app before
+        forking its workers): a client of its own, never the parent's connections (two
+        processes reading one socket get each other's answers; a gRPC channel does not survive
+        a fork). Local mode on disk is refused: its directory belongs to one process."""
+        with _reopening:
+            parent, options = self._forked_from, self._options
+            if parent is None:
+                return
+            if options is not None and options["path"] is not None:
+                raise VectorStoreError(
+                    f"QdrantClientStore(path={options['path']!r}) was opened in pid {parent}, "
+                    "which this process was forked from (a server that loads the app before "
+                    "forking its workers, e.g. gunicorn --preload): qdrant-client's local mode "
+                    "keeps a directory to one process. Make the store and the index in each "
+                    "worker, or let the workers share a Qdrant server: "
+                    "QdrantClientStore(url='http://qdrant:6333')"
+                )
+            self._forked_from = None
+            if options is None:
+                log.warning(
+                    "semantic_orm: this process was forked from pid %d after %r was made with "
+                    "a client of yours: its connections may be the parent's; make the client in "
+                    "each worker",
+                    parent,
+                    self,
+                )
+            elif options["url"] is not None or "://" in str(options["location"]):
+                self._inherited.append(self.client)  # kept: closing would close the parent's
+                self.client = _qc().QdrantClient(**options)
+            # location=":memory:": the points are this process's own copy from here on
 
     # -- collections --------------------------------------------------------------------------
 
@@ -405,5 +460,7 @@ class QdrantClientStore(QdrantStore):
         return int(self._call("count", "count", collection, exact=True).count)
 
     def close(self) -> None:
-        """Close the client's connections."""
-        self._call("close", "close")
+        """Close the client's connections (in a forked child that has made none of its own
+        yet, nothing: the ones it holds are its parent's)."""
+        if self._forked_from is None:
+            self._call("close", "close")

@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..exc import ConfigurationError, VectorStoreError, import_optional
-from ..forking import in_forked_child
+from ..forking import RenewedLock, in_forked_child
 from . import base
 from .base import CollectionSpec, PayloadIndex, Ranking, SparseVector
 from .qdrant import QdrantStore, dense_indexed, store_error
@@ -66,7 +66,7 @@ _OWNER_FILE = "semantic_orm.owner"
 _SHARD_DIR = "shard"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 log = logging.getLogger("semantic_orm")
-_schedule_lock = threading.Lock()
+_schedule_lock = RenewedLock()
 
 
 @functools.cache  # once imported: it is looked up for every point written
@@ -186,7 +186,7 @@ class _OpenShard:
 
 
 _registry: dict[str, _OpenShard] = {}
-_registry_lock = threading.Lock()
+_registry_lock = RenewedLock()
 _forked_from: int | None = None
 """The parent's pid in a process forked while shards were open."""
 
@@ -199,9 +199,7 @@ def _forget_parents_shards() -> None:
     one would flush it. They are marked closed (each store then opens its own) and kept alive
     for good; the registry starts empty.
     """
-    global _forked_from, _registry_lock, _schedule_lock
-    _registry_lock = threading.Lock()  # another thread may have held them at the fork
-    _schedule_lock = threading.Lock()
+    global _forked_from
     if not _registry:
         return
     _forked_from = os.getppid()
@@ -325,7 +323,7 @@ class EdgeStore(QdrantStore):
         self.path = Path(path).resolve()
         self.batch_size = batch_size
         self._mine: dict[str, _OpenShard] = {}
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
         self._closed = False
 
     def __repr__(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -280,6 +281,29 @@ def test_a_forked_child_makes_its_own_client_for_a_server(tmp_path: Path) -> Non
     _, (renewed, same_kind, options) = in_a_forked_child(call_in_the_child)
     assert renewed and same_kind and options["url"] == "http://127.0.0.1:9"
     assert store.client is parents  # the parent keeps its own
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_warns_that_a_client_it_was_given_is_its_parents() -> None:
+    """A client passed in cannot be made again by the store: the child keeps it, and a warning
+    says to make it in each worker."""
+    from qdrant_client import QdrantClient
+
+    given = QdrantClient(location=":memory:")
+    store = QdrantClientStore(client=given)
+
+    def call_in_the_child() -> list[Any]:
+        said: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("semantic_orm").addHandler(handler)
+        store.ensure_collection(SPEC)
+        store.ensure_collection(SPEC)  # warned once
+        return [store.client is given, said]
+
+    _, (kept, said) = in_a_forked_child(call_in_the_child)
+    assert kept and len(said) == 1
+    assert f"forked from pid {os.getpid()}" in said[0] and "make the client in each" in said[0]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -36,6 +36,8 @@ from semantic_orm.embedding import embedder_settings, encode_queries
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
 
+from .helpers import in_a_forked_child
+
 TEXTS = [
     "The cat sat on the mat and watched the rain.",
     "Quantum chromodynamics describes the strong interaction between quarks and gluons.",
@@ -170,6 +172,29 @@ def cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArr
 @pytest.fixture(scope="module")
 def torch_minilm() -> SentenceTransformerEmbedder:
     return SentenceTransformerEmbedder(backend="torch", device="cpu")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_after_the_torch_model_ran_embeds_on_one_thread(
+    torch_minilm: SentenceTransformerEmbedder,
+) -> None:
+    """A server that warms the model up before forking its workers (``gunicorn --preload``):
+    PyTorch's OpenMP threads do not survive the fork, and the worker's first embedding waited
+    for them for good (the helper kills a hung child and fails). It now runs on one thread,
+    with the same vectors; the parent keeps its threads."""
+    import torch
+
+    texts = ["a text about rivers and the sea", "another one, about mountains"]
+    threads = torch.get_num_threads()
+    here = torch_minilm.encode(texts)  # the parent runs the model: its threads are up
+
+    def embed_in_the_child() -> list[float]:
+        there = torch_minilm.encode(texts)
+        return [torch.get_num_threads(), float(np.abs(there - here).max())]
+
+    _, (child_threads, apart) = in_a_forked_child(embed_in_the_child, timeout=60)
+    assert child_threads == 1 and apart < 1e-5
+    assert torch.get_num_threads() == threads
 
 
 @pytest.fixture(scope="module")

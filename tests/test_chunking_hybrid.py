@@ -155,6 +155,24 @@ def test_cjk_single_newlines_are_paragraphs_only_without_blank_lines() -> None:
     assert [c.metadata["paragraph"] for c in HybridChunker(1000, 0).chunk(latin)] == [0]
 
 
+def test_cjk_detection_counts_every_space_str_isspace_knows() -> None:
+    """Whether a section is CJK text (one paragraph per line) is decided on a sample whose
+    spaces are counted by a regular expression: the very characters ``str.isspace`` accepts
+    (a CJK sample with ideographic or no-break spaces decides as before)."""
+    from semantic_orm.chunking import hybrid
+
+    chars = [chr(code) for code in range(0x110000)]
+    assert [c for c in chars if hybrid._SPACE.match(c)] == [c for c in chars if c.isspace()]
+    spaced = "第一段。\u3000\u3000\u00a0\n第二段。\u2003\n第三段。"
+    assert [
+        c.metadata["paragraph"] for c in HybridChunker(5, 0, merge_short=False).chunk(spaced)
+    ] == [
+        0,
+        1,
+        2,
+    ]
+
+
 def test_custom_heading_regex_and_callable() -> None:
     text = "== A ==\nalpha.\n== B ==\nbeta."
     by_regex = HybridChunker(100, 0, heading=r"^== .* ==$").chunk(text)

@@ -82,6 +82,8 @@ _LINE_END_CHARS = "\n\r\x0b\x0c\x85\u2028\u2029"
 _LINE_END = regex.compile(r"\r\n|[\n\r\x0b\x0c\x85\u2028\u2029]")
 _PARA_BREAK = regex.compile(r"\r?\n[^\S\r\n]*\r?\n|\u2029")
 _CJK_SAMPLE = 400  # characters inspected to decide whether a section is CJK text
+_SPACE = re.compile(r"\s")
+"""A character ``str.isspace()`` accepts (the same set: checked by the tests), found in C."""
 _MAX_CLEAN_ROUNDS = 32
 _PENDING: dict[str, Any] = {}  # marker: a heading-only record that may join the next window
 
@@ -327,7 +329,9 @@ class HybridChunker(SizedChunker):
     @staticmethod
     def _is_cjk(text: str, lo: int, hi: int) -> bool:
         sample = text[lo : min(hi, lo + _CJK_SAMPLE)]
-        non_ws = len(sample) - sum(1 for ch in sample if ch.isspace())
+        if sample.isascii():  # not one CJK character
+            return False
+        non_ws = len(sample) - len(_SPACE.findall(sample))
         return non_ws > 0 and 10 * len(CJK_CHAR.findall(sample)) >= 3 * non_ws
 
     def _apply_clean(

@@ -39,6 +39,7 @@ with Alembic instead, add :data:`metadata` to your ``target_metadata`` (or copy 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
@@ -545,23 +546,16 @@ def claim(
         now: The current time (tests).
     """
     now = now or utcnow()
-    due = outbox.c.next_attempt_at <= now
-    alive: ColumnElement[bool] = outbox.c.dead.is_(False)  # due jobs: by the due-time index
-    if ids is not None:
-        due = due | outbox.c.claimed_by.is_(None)
-        alive = _alive()  # found by id
-    base = select(*_COLUMNS).where(alive).where(due).order_by(outbox.c.id)
     postgres = conn.dialect.name == "postgresql"
-    if postgres:
-        base = base.with_for_update(skip_locked=True)
     form = _list_form(conn)
     found: list[Job] = []
     if ids is None:
-        found = [_job(r) for r in conn.execute(base.limit(limit))]
+        params = {"now": now, "limit": limit}
+        found = [_job(r) for r in conn.execute(_claimed(None, postgres, False), params)]
     else:
-        among = base.where(_one_of(outbox.c.id, "ids", form))
+        among = _claimed(form, postgres, True)
         for part in _parts(list(ids), form):
-            rows = conn.execute(among, {"ids": _list_param(part, form)})
+            rows = conn.execute(among, {"now": now, "ids": _list_param(part, form)})
             found.extend(_job(r) for r in rows)
         found = found[:limit]
     if not found:
@@ -571,28 +565,61 @@ def claim(
         keys = _advisory_locked(conn, keys)
     keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
     jobs = [job for job in found if job.key in keys]
-    lease_them = (
-        update(outbox)
-        .where(_one_of(outbox.c.id, "ids", form))
-        .values(claimed_by=token, next_attempt_at=now + _seconds(lease))
-    )
+    until = now + _seconds(lease)
     for part in _parts([job.id for job in jobs], form):
-        conn.execute(lease_them, {"ids": _list_param(part, form)})
+        params = {"ids": _list_param(part, form), "token": token, "until": until}
+        conn.execute(_LEASE[form], params)
     return jobs
+
+
+@functools.cache
+def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
+    """The query of :func:`claim`, built once for each shape (see :func:`_forms`): due jobs
+    oldest first (``limit``), or the claimable ones among the list ``ids``; on PostgreSQL
+    locked, skipping the rows another transaction holds."""
+    due: ColumnElement[bool] = outbox.c.next_attempt_at <= bindparam(
+        "now", type_=outbox.c.next_attempt_at.type
+    )
+    alive: ColumnElement[bool] = outbox.c.dead.is_(False)  # due jobs: by the due-time index
+    if by_ids:
+        due = due | outbox.c.claimed_by.is_(None)
+        alive = _alive()  # found by id
+    statement = select(*_COLUMNS).where(alive, due).order_by(outbox.c.id)
+    if postgres:
+        statement = statement.with_for_update(skip_locked=True)
+    if by_ids:
+        return statement.where(_one_of(outbox.c.id, "ids", form))
+    return statement.limit(bindparam("limit", type_=Integer))
+
+
+_LEASE = _forms(
+    lambda f: (
+        update(outbox)
+        .where(_one_of(outbox.c.id, "ids", f))
+        .values(
+            claimed_by=bindparam("token", type_=outbox.c.claimed_by.type),
+            next_attempt_at=bindparam("until", type_=outbox.c.next_attempt_at.type),
+        )
+    )
+)
 
 
 def _advisory_locked(conn: Connection, keys: set[JobKey]) -> set[JobKey]:
     """The keys whose transaction-level advisory lock this PostgreSQL transaction obtained."""
     ordered = sorted(keys)
     names = ["\x1f".join(k) for k in ordered]
-    locked = conn.execute(
-        select(
-            literal_column("k"),
-            func.pg_try_advisory_xact_lock(func.hashtextextended(literal_column("k"), 0)),
-        ).select_from(func.unnest(bindparam("names", names, type_=_text_array())).alias("k"))
-    ).all()
+    locked = conn.execute(_advisory(), {"names": names}).all()
     ok = {name for name, got in locked if got}
     return {k for k, name in zip(ordered, names, strict=True) if name in ok}
+
+
+@functools.cache
+def _advisory() -> Select[Any]:
+    """Try each name's transaction-level advisory lock (PostgreSQL), built once."""
+    name: ColumnElement[Any] = literal_column("k")
+    return select(name, func.pg_try_advisory_xact_lock(func.hashtextextended(name, 0))).select_from(
+        func.unnest(bindparam("names", type_=_text_array())).alias("k")
+    )
 
 
 def _text_array() -> Any:

@@ -677,24 +677,40 @@ def settle_failed(
     ``failures``, and a job whose failures reach ``max_failures`` is dead-lettered.
     """
     message = f"{type(error).__name__}: {error}"[:2000]
-    failures = outbox.c.failures + (1 if permanent else 0)
+    form = _list_form(conn)
+    values = {
+        "token": token,
+        "failed": 1 if permanent else 0,
+        "max_failures": max_failures,
+        "message": message,
+        "due": utcnow() + _seconds(retry_in),
+    }
     dead = 0
-    for part in _chunks([job.id for job in jobs]):
-        result = conn.execute(
-            update(outbox)
-            .where(outbox.c.id.in_(part), outbox.c.claimed_by == token)
-            .values(
-                attempts=outbox.c.attempts + 1,
-                failures=failures,
-                last_error=message,
-                dead=case((failures >= max_failures, True), else_=False),
-                next_attempt_at=utcnow() + _seconds(retry_in),
-                claimed_by=None,
-            )
-            .returning(outbox.c.dead)
-        )
+    for part in _parts([job.id for job in jobs], form):
+        result = conn.execute(_FAILED[form], {**values, "ids": _list_param(part, form)})
         dead += sum(1 for d in result.scalars() if d)
     return dead
+
+
+def _failed(form: str | None) -> Any:
+    """:func:`settle_failed`'s statement in list form ``form``."""
+    failures = outbox.c.failures + bindparam("failed", type_=Integer)
+    return (
+        update(outbox)
+        .where(_one_of(outbox.c.id, "ids", form), outbox.c.claimed_by == bindparam("token"))
+        .values(
+            attempts=outbox.c.attempts + 1,
+            failures=failures,
+            last_error=bindparam("message", type_=outbox.c.last_error.type),
+            dead=case((failures >= bindparam("max_failures", type_=Integer), True), else_=False),
+            next_attempt_at=bindparam("due", type_=outbox.c.next_attempt_at.type),
+            claimed_by=None,
+        )
+        .returning(outbox.c.dead)
+    )
+
+
+_FAILED = _forms(_failed)
 
 
 def has_due(conn: Connection, *, now: dt.datetime | None = None) -> bool:
@@ -769,19 +785,29 @@ def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
     """Bury the pending jobs of ``keys`` at once (e.g. their table is no longer mapped)."""
     buried = 0
     for (table, column), pks in _key_groups(keys).items():
-        for part in _chunks(pks):
-            result = conn.execute(
-                update(outbox)
-                .where(
-                    outbox.c.table_name == table,
-                    outbox.c.column_name == column,
-                    outbox.c.row_pk.in_(part),
-                    _alive(),
-                )
-                .values(dead=True, last_error=error[:2000], claimed_by=None)
-            )
-            buried += int(result.rowcount)
+        form = _list_form(conn, pks)
+        for part in _parts(pks, form):
+            params = {
+                "table": table,
+                "column": column,
+                "pks": _list_param(part, form),
+                "error": error[:2000],
+            }
+            buried += int(conn.execute(_BURY[form], params).rowcount)
     return buried
+
+
+_BURY = _forms(
+    lambda f: (
+        update(outbox)
+        .where(*_of_rows_where(f), _alive())
+        .values(
+            dead=True,
+            last_error=bindparam("error", type_=outbox.c.last_error.type),
+            claimed_by=None,
+        )
+    )
+)
 
 
 def requeue_dead(

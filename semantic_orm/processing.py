@@ -526,12 +526,17 @@ def _settle_at_exit() -> None:
         deferred.flush()
 
 
+_NO_WRITE = (
+    outbox.outbox.update().where(outbox.outbox.c.id < 0).values(attempts=outbox.outbox.c.attempts)
+)
+"""A write that changes nothing (built once: building it cost more than running it)."""
+
+
 def _lock_first(conn: Connection) -> None:
     """On SQLite, a write first: the transaction holds the write lock from its start, so it
     waits for other writers (busy timeout) instead of failing to upgrade later."""
     if conn.dialect.name == "sqlite":
-        table = outbox.outbox
-        conn.execute(table.update().where(table.c.id < 0).values(attempts=table.c.attempts))
+        conn.execute(_NO_WRITE)
 
 
 class _Pass:

@@ -14,7 +14,8 @@ embedded (SQLite has one writer: a long transaction would block the application)
    ``next_attempt_at`` pushed to the end of the lease. A key (row and column) that another
    processor holds a live lease on is skipped, so two processors never sync the same row at
    once. On PostgreSQL the candidates are locked ``FOR UPDATE SKIP LOCKED`` and each key takes
-   a transaction-level advisory lock while the leases are checked and written.
+   a transaction-level advisory lock (in the same query) while the leases are checked and
+   written (one ``UPDATE`` that leases the jobs no live lease holds back, and returns them).
 2. the processor reads the rows, embeds and writes the vector store, outside any transaction;
 3. **settle** (a short transaction): finished jobs are deleted, failed ones get their attempt
    count, last error and next retry time. A job whose lease expired and was claimed again by
@@ -67,7 +68,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     select,
     update,
 )
@@ -548,35 +548,53 @@ def claim(
     now = now or utcnow()
     postgres = conn.dialect.name == "postgresql"
     form = _list_form(conn)
-    found: list[Job] = []
+    query = _claimed(form if ids is not None else None, postgres, ids is not None)
+    rows: list[Any] = []
     if ids is None:
-        params = {"now": now, "limit": limit}
-        found = [_job(r) for r in conn.execute(_claimed(None, postgres, False), params)]
+        rows = list(conn.execute(query, {"now": now, "limit": limit}))
     else:
-        among = _claimed(form, postgres, True)
         for part in _parts(list(ids), form):
-            rows = conn.execute(among, {"now": now, "ids": _list_param(part, form)})
-            found.extend(_job(r) for r in rows)
-        found = found[:limit]
-    if not found:
+            rows += conn.execute(query, {"now": now, "ids": _list_param(part, form)})
+        rows = rows[:limit]
+    if not rows:
         return []
-    keys = {job.key for job in found}
-    if postgres:
-        keys = _advisory_locked(conn, keys)
-    keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
-    jobs = [job for job in found if job.key in keys]
-    until = now + _seconds(lease)
-    for part in _parts([job.id for job in jobs], form):
-        params = {"ids": _list_param(part, form), "token": token, "until": until}
-        conn.execute(_LEASE[form], params)
-    return jobs
+    found = [_job(row) for row in rows]
+    # on PostgreSQL each row came with whether this transaction got its key's advisory lock
+    free = [job for job, row in zip(found, rows, strict=True) if not postgres or row[-1]]
+    if not conn.dialect.update_returning:  # (SQLite before 3.35): look, then lease
+        keys = {job.key for job in free}
+        keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
+        jobs = [job for job in free if job.key in keys]
+        for part in _parts([job.id for job in jobs], form):
+            params = {"ids": _list_param(part, form), "token": token, "until": _until(now, lease)}
+            conn.execute(_LEASE[form], params)
+        return jobs
+    # lease the jobs whose rows no other job holds a live lease on, in the same statement
+    leased: set[int] = set()
+    besides = _list_param([job.id for job in found], form)
+    for part in _parts([job.id for job in free], form):
+        params = {
+            "ids": _list_param(part, form),
+            "besides": besides,
+            "now": now,
+            "token": token,
+            "until": _until(now, lease),
+        }
+        leased.update(int(i) for i in conn.execute(_LEASE_FREE[form], params).scalars())
+    return [job for job in free if job.id in leased]
+
+
+def _until(now: dt.datetime, lease: float) -> dt.datetime:
+    return now + _seconds(lease)
 
 
 @functools.cache
 def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     """The query of :func:`claim`, built once for each shape (see :func:`_forms`): due jobs
-    oldest first (``limit``), or the claimable ones among the list ``ids``; on PostgreSQL
-    locked, skipping the rows another transaction holds."""
+    oldest first (``limit``), or the claimable ones among the list ``ids``. On PostgreSQL the
+    rows are locked (skipping those another transaction holds) and each comes with whether
+    this transaction got the advisory lock of its row (a try: it never waits), the last
+    column: two claimers never take one row's jobs at once."""
     due: ColumnElement[bool] = outbox.c.next_attempt_at <= bindparam(
         "now", type_=outbox.c.next_attempt_at.type
     )
@@ -585,11 +603,52 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
         due = due | outbox.c.claimed_by.is_(None)
         alive = _alive()  # found by id
     statement = select(*_COLUMNS).where(alive, due).order_by(outbox.c.id)
-    if postgres:
-        statement = statement.with_for_update(skip_locked=True)
     if by_ids:
-        return statement.where(_one_of(outbox.c.id, "ids", form))
-    return statement.limit(bindparam("limit", type_=Integer))
+        statement = statement.where(_one_of(outbox.c.id, "ids", form))
+    else:
+        statement = statement.limit(bindparam("limit", type_=Integer))
+    if not postgres:
+        return statement
+    found = statement.with_for_update(skip_locked=True).cte("found")
+    row = found.c.table_name + _KEY_SEP + found.c.column_name + _KEY_SEP + found.c.row_pk
+    got = func.pg_try_advisory_xact_lock(func.hashtextextended(row, 0))
+    return select(*found.c, got).order_by(found.c.id)
+
+
+_KEY_SEP = literal("\x1f", Text)
+"""Between the table, the column and the key in the name of a row's advisory lock (the name
+every version of the library hashes: processes of two versions exclude each other)."""
+
+
+def _lease_free(form: str | None) -> Any:
+    """Lease the jobs ``ids`` whose row has no other live lease than the jobs ``besides``;
+    returns the ids leased (a look and the lease in one statement)."""
+    other = outbox.alias("other")
+    held = (
+        select(literal(1))
+        .where(
+            other.c.table_name == outbox.c.table_name,
+            other.c.column_name == outbox.c.column_name,
+            other.c.row_pk == outbox.c.row_pk,
+            other.c.claimed_by.is_not(None),
+            other.c.next_attempt_at > bindparam("now", type_=outbox.c.next_attempt_at.type),
+            func.coalesce(other.c.dead, False).is_(False),
+            ~_one_of(other.c.id, "besides", form),
+        )
+        .exists()
+    )
+    return (
+        update(outbox)
+        .where(_one_of(outbox.c.id, "ids", form), ~held)
+        .values(
+            claimed_by=bindparam("token", type_=outbox.c.claimed_by.type),
+            next_attempt_at=bindparam("until", type_=outbox.c.next_attempt_at.type),
+        )
+        .returning(outbox.c.id)
+    )
+
+
+_LEASE_FREE = _forms(_lease_free)
 
 
 _LEASE = _forms(
@@ -602,30 +661,6 @@ _LEASE = _forms(
         )
     )
 )
-
-
-def _advisory_locked(conn: Connection, keys: set[JobKey]) -> set[JobKey]:
-    """The keys whose transaction-level advisory lock this PostgreSQL transaction obtained."""
-    ordered = sorted(keys)
-    names = ["\x1f".join(k) for k in ordered]
-    locked = conn.execute(_advisory(), {"names": names}).all()
-    ok = {name for name, got in locked if got}
-    return {k for k, name in zip(ordered, names, strict=True) if name in ok}
-
-
-@functools.cache
-def _advisory() -> Select[Any]:
-    """Try each name's transaction-level advisory lock (PostgreSQL), built once."""
-    name: ColumnElement[Any] = literal_column("k")
-    return select(name, func.pg_try_advisory_xact_lock(func.hashtextextended(name, 0))).select_from(
-        func.unnest(bindparam("names", type_=_text_array())).alias("k")
-    )
-
-
-def _text_array() -> Any:
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    return ARRAY(Text)
 
 
 def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[JobKey]:

@@ -115,7 +115,14 @@ def test_a_job_born_alone_settles_in_one_statement_and_spares_newer_jobs(
     assert [j["id"] for j in jobs(tables)] == [newer.id]
 
 
-def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(tables: Engine) -> None:
+@pytest.mark.parametrize("returning", [True, False], ids=["one-statement", "look-then-lease"])
+def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(
+    tables: Engine, returning: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's jobs wait while another processor's lease on one of them lives. The lease is
+    taken with the look in one statement where an ``UPDATE`` returns rows; elsewhere (SQLite
+    before 3.35) a look first."""
+    monkeypatch.setattr(tables.dialect, "update_returning", returning)
     with tables.begin() as conn:
         outbox.enqueue(conn, [K1, K2])
         (taken,) = outbox.claim(conn, token="a", lease=60, limit=1)
@@ -126,6 +133,25 @@ def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(tables: Engine) 
     assert [j.key for j in again] == [K2]  # K1 waits until "a" settles, whoever asks
     with tables.begin() as conn:
         assert outbox.claim(conn, token="a", lease=60, limit=10) == []
+
+
+def test_two_claimers_never_take_one_rows_jobs_at_once(tables: Engine) -> None:
+    """PostgreSQL: a lease is invisible to others until its claim commits, so each claim also
+    tries its rows' advisory locks (never waiting): while one claim of a row's job is open,
+    another claim of the same row's other job takes nothing, and after it commits the live
+    lease keeps it waiting."""
+    if tables.dialect.name != "postgresql":
+        pytest.skip("concurrent claims: PostgreSQL (SQLite has one writer at a time)")
+    with tables.begin() as conn:
+        first, second = outbox.enqueue(conn, [K1, K1])  # a commit's job and a later one's
+    with tables.connect() as a, tables.connect() as b:
+        with a.begin():
+            taken = outbox.claim(a, token="a", lease=60, limit=10, ids=[first.id])
+            assert [job.id for job in taken] == [first.id]
+            with b.begin():
+                assert outbox.claim(b, token="b", lease=60, limit=10, ids=[second.id]) == []
+        with b.begin():
+            assert outbox.claim(b, token="b", lease=60, limit=10, ids=[second.id]) == []
 
 
 def test_settling_supersedes_older_jobs_and_clears_dead_ones(tables: Engine) -> None:

@@ -14,6 +14,7 @@ hits both alike:
 
     python bench/ingest.py [--scifact DIR] [--docs 400] [--search-docs 2800] [--queries 200]
                            [--trivial-docs 2000] [--one-row-docs 300] [--trivial-rounds 3]
+                           [--no-postgres]
 
 * commit latency - deferred mode (rows plus outbox jobs, embedding left to a worker) against
   the same rows committed to a table with no semantic column.
@@ -41,8 +42,12 @@ The last line is JSON: {"ingest_ratio": ..., "ingest_vs_raw_fp32": ..., "search_
 "orm_overhead_same_points": ..., "one_row_commit_overhead": ...,
 "one_row_commit_overhead_same_points": ..., "keyword_share_of_commit": ...,
 "orm_commit_ms": ..., "orm_over_raw_ms_per_commit": ..., "one_row_commit_ms": ...,
-"one_row_over_raw_ms": ...} (the trivial phases' milliseconds per commit: the ORM's, and its
-excess over the seven-key raw side).
+"one_row_over_raw_ms": ..., "postgresql_overhead_trivial": ...,
+"postgresql_one_row_commit_overhead": ..., "postgresql_one_row_commit_ms": ...,
+"postgresql_one_row_over_raw_ms": ...} (the trivial phases' milliseconds per commit: the
+ORM's, and its excess over the seven-key raw side; the ``postgresql_*`` keys: the two trivial
+phases again on a throwaway PostgreSQL cluster started from the server binaries the tests use,
+``null`` where none can start, skipped with ``--no-postgres``).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ from semantic_orm import (
     SemanticSearchMixin,
     SemanticText,
     SentenceTransformerEmbedder,
+    outbox,
 )
 from semantic_orm.applying import text_hash
 from semantic_orm.keywords import KeywordAnalyzer, analyzer_for
@@ -242,15 +248,19 @@ def frozen_heap() -> Iterator[None]:
 
 
 def trivial_overhead(
-    work: Path, sample: list[tuple[str, str]], batch_size: int, qe: Any
+    work: Path, sample: list[tuple[str, str]], batch_size: int, qe: Any, url: Any = None
 ) -> tuple[float, float, float, float, float]:
     """ORM ingest with a trivial embedder against two raw Edge ingests: the seven-key points a
     hand-written pipeline needs, and the very points the ORM writes (its payload); the share
     of the ORM's commit time spent in the keyword analyser; and the milliseconds a commit
     takes on the ORM side and over the seven-key side (the ratio alone hides which side
-    moved: both share the chunker and the analyser)."""
+    moved: both share the chunker and the analyser). ``url``: a PostgreSQL database to use
+    instead of a new SQLite file (its tables made afresh)."""
     work = Path(tempfile.mkdtemp(prefix=f"trivial_{batch_size}_", dir=work))
-    engine = create_engine(f"sqlite:///{work / 'trivial.sqlite3'}")
+    engine = create_engine(url or f"sqlite:///{work / 'trivial.sqlite3'}")
+    if url is not None:
+        Base.metadata.drop_all(engine)
+        outbox.metadata.drop_all(engine)
     Base.metadata.create_all(engine)
     index = SemanticIndex(store=EdgeStore(work / "trivial_vectors"), embedder=Constant())
     orm_factory = sessionmaker(engine, expire_on_commit=False)
@@ -327,15 +337,18 @@ def trivial_overhead(
     index.close()
     shard.close()
     same_shard.close()
+    engine.dispose()
     overhead = t_orm / t_raw
     same = t_orm / t_same
+    where = engine.dialect.name
     print(
-        f"trivial embedder (the model costs nothing), {len(sample)} docs in commits of {batch_size}"
+        f"trivial embedder (the model costs nothing), {len(sample)} docs in commits of "
+        f"{batch_size}, {where}"
     )
     print(f"  ORM (save + commit)          {t_orm:8.2f} s")
     print(f"  raw (chunk+keywords+upsert)  {t_raw:8.2f} s   (seven-key payload)")
     print(f"  raw, the ORM's points        {t_same:8.2f} s   (its payload and indexes)")
-    target = "   (target <= 1.05)" if batch_size > 1 else ""
+    target = "   (target <= 1.05)" if batch_size > 1 and url is None else ""
     print(f"  ORM / raw                    {overhead:8.3f}{target}")
     print(f"  ORM / raw, same points       {same:8.3f}   (the ORM's own work alone)")
     share = analysed / t_orm
@@ -344,6 +357,51 @@ def trivial_overhead(
     per_commit, over = t_orm / commits * 1000, (t_orm - t_raw) / commits * 1000
     print(f"  per commit: ORM {per_commit:.2f} ms, {over:.2f} ms over the raw side")
     return overhead, same, share, per_commit, over
+
+
+def postgres_overhead(
+    work: Path, docs: list[tuple[str, str]], args: argparse.Namespace, qe: Any
+) -> dict[str, Any]:
+    """The two trivial-embedder phases on a throwaway PostgreSQL cluster (the server binaries
+    of the tests, ``tests/pg_cluster.py``); ``None`` values where none can start."""
+    names = (
+        "overhead_trivial",
+        "one_row_commit_overhead",
+        "one_row_commit_ms",
+        "one_row_over_raw_ms",
+    )
+    skipped: dict[str, Any] = {f"postgresql_{name}": None for name in names}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
+    try:
+        from tests.pg_cluster import PostgresCluster, PostgresUnavailable
+    except ImportError:
+        return skipped
+    try:
+        cluster = PostgresCluster()
+        cluster.start()
+    except PostgresUnavailable as exc:
+        print(f"PostgreSQL phases skipped: {exc}")
+        return skipped
+    try:
+        phases = []
+        for size, sample in (
+            (args.batch, docs[: args.trivial_docs]),
+            (1, docs[: args.one_row_docs]),
+        ):
+            rounds = [
+                trivial_overhead(work, sample, size, qe, cluster.url)
+                for _ in range(args.trivial_rounds)
+            ]
+            phases.append([statistics.median(r) for r in zip(*rounds, strict=True)])
+    finally:
+        cluster.stop()
+    (batch, *_), (one_row, _, _, one_row_ms, one_row_over_ms) = phases
+    return {
+        "postgresql_overhead_trivial": round(batch, 4),
+        "postgresql_one_row_commit_overhead": round(one_row, 4),
+        "postgresql_one_row_commit_ms": round(one_row_ms, 2),
+        "postgresql_one_row_over_raw_ms": round(one_row_over_ms, 2),
+    }
 
 
 def main() -> int:
@@ -372,6 +430,11 @@ def main() -> int:
         type=int,
         default=3,
         help="rounds of each trivial-embedder phase (the median ratio is reported)",
+    )
+    parser.add_argument(
+        "--no-postgres",
+        action="store_true",
+        help="skip the trivial-embedder phases on a throwaway PostgreSQL cluster",
     )
     args = parser.parse_args()
     names = ("docs", "batch", "trivial_docs", "one_row_docs", "search_docs", "queries")
@@ -559,6 +622,7 @@ def main() -> int:
         one_row, one_row_same, _, one_row_ms, one_row_over_ms = (
             statistics.median(r) for r in zip(*one_rows, strict=True)
         )
+        postgres = {} if args.no_postgres else postgres_overhead(work, docs, args, qe)
         print(
             json.dumps(
                 {
@@ -577,6 +641,7 @@ def main() -> int:
                     "orm_over_raw_ms_per_commit": round(over_ms, 2),
                     "one_row_commit_ms": round(one_row_ms, 2),
                     "one_row_over_raw_ms": round(one_row_over_ms, 2),
+                    **postgres,
                 }
             )
         )

@@ -16,7 +16,8 @@ embedded (SQLite has one writer: a long transaction would block the application)
    once. On PostgreSQL the candidates are locked ``FOR UPDATE SKIP LOCKED`` and each key takes
    a transaction-level advisory lock (in the same query) while the leases are checked and
    written (one ``UPDATE`` that leases the jobs no live lease holds back, and returns them).
-2. the processor reads the rows, embeds and writes the vector store, outside any transaction;
+2. the processor reads the rows (in the claim's transaction, or in one of their own), embeds
+   and writes the vector store, outside any transaction;
 3. **settle** (a short transaction): finished jobs are deleted, failed ones get their attempt
    count, last error and next retry time. A job whose lease expired and was claimed again by
    someone else is *lost*: the processor queues a fresh job for its key, since its write may

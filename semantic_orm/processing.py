@@ -6,9 +6,10 @@ A :class:`Processor` pass over one database:
    PostgreSQL ``FOR UPDATE SKIP LOCKED`` plus per-row advisory locks), unless the caller already
    holds them (jobs born leased to this processor by the commit that wrote them);
 2. **read** each row's *current* committed value of the column, one ``SELECT`` per column and
-   500 keys; except, for jobs born leased to this processor, the rows whose text their commit's
-   flush wrote and knows (:meth:`_Pass.group`): no other pass syncs those rows before the jobs
-   are settled, so that text is still theirs;
+   500 keys, in the claim's transaction for the jobs it claims (no transaction of its own);
+   except, for jobs born leased to this processor, the rows whose text their commit's flush
+   wrote and knows (:meth:`_Pass.group`): no other pass syncs those rows before the jobs are
+   settled, so that text is still theirs;
 3. **apply** them (:class:`~semantic_orm.applying.Applier`) with no database transaction open,
    after checking that each column's collection still matches its settings;
 4. **settle** in a short transaction: delete finished jobs (and dead jobs of the same rows),
@@ -272,13 +273,13 @@ class Processor:
                     if not due and not run.orphans:
                         return run.report  # idle: no write transaction at all
                 with self.writing(engine) as conn:
-                    claimed = run.claim(conn, limit, ids)
-                written = None  # claimed now: another pass may have synced a newer value
-            if claimed:
+                    claimed = run.claim_and_read(conn, limit, ids)
+            elif claimed:
                 run.jobs = list(claimed)
                 if run.group(written):
                     with engine.connect() as conn:
                         run.read(conn)
+            if claimed:
                 run.apply()
                 if defer and not run.failed:
                     run.report.done = len(run.jobs)
@@ -318,13 +319,13 @@ class Processor:
                     if not due and not run.orphans:
                         return run.report
                 async with self.awriting(engine) as conn:
-                    claimed = await conn.run_sync(run.claim, limit, ids)
-                written = None
-            if claimed:
+                    claimed = await conn.run_sync(run.claim_and_read, limit, ids)
+            elif claimed:
                 run.jobs = list(claimed)
                 if run.group(written):
                     async with engine.connect() as conn:
                         await conn.run_sync(run.read)
+            if claimed:
                 await asyncio.to_thread(run.apply)
                 async with self.awriting(engine) as conn:
                     await conn.run_sync(run.settle)
@@ -574,6 +575,16 @@ class _Pass:
         if ids is not None:
             self.report.skipped = len(ids) - len(claimed)
         return claimed
+
+    def claim_and_read(self, conn: Connection, limit: int, ids: Sequence[int] | None) -> list[Job]:
+        """Lease due jobs (or those among ``ids``) and read their rows in the same transaction,
+        before the leases commit (no transaction of its own for the read). Jobs claimed now
+        may follow a pass that synced a newer value than their commit wrote: their rows are
+        read, never taken from a commit."""
+        self.jobs = self.claim(conn, limit, ids)
+        if self.jobs and self.group():
+            self.read(conn)
+        return self.jobs
 
     def group(self, written: Mapping[JobKey, str | None] | None = None) -> bool:
         """Group the claimed jobs by row, resolve their columns; whether a row must be read.

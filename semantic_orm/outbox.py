@@ -44,7 +44,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -200,9 +200,11 @@ class Job:
     failures: int = 0
     claimed_by: str | None = None
     alone: bool = False
-    """Born leased while its row had no other job: it supersedes none, so settling it looks
-    for none. Sound where writers are serialized (SQLite, where :func:`enqueue` gives births a
-    lease) and ids only grow while the job lives."""
+    """Its row had no other job when it was born leased (:func:`enqueue`, SQLite) or no older
+    one when it was claimed (:func:`claim`): it supersedes none, so settling it looks for none.
+    Sound where ids only grow while the job lives; elsewhere (a PostgreSQL transaction that
+    took a smaller id commits later) that older job is left to be synced once more, never
+    lost."""
 
 
 _COLUMNS = (
@@ -559,8 +561,9 @@ def claim(
         rows = rows[:limit]
     if not rows:
         return []
-    found = [_job(row) for row in rows]
-    # on PostgreSQL each row came with whether this transaction got its key's advisory lock
+    # each row came with whether its row has an older job (its settle then looks for it) and,
+    # on PostgreSQL, whether this transaction got the row's advisory lock
+    found = [replace(_job(row), alone=not row[_OLDER]) for row in rows]
     free = [job for job, row in zip(found, rows, strict=True) if not postgres or row[-1]]
     if not conn.dialect.update_returning:  # (SQLite before 3.35): look, then lease
         keys = {job.key for job in free}
@@ -589,13 +592,18 @@ def _until(now: dt.datetime, lease: float) -> dt.datetime:
     return now + _seconds(lease)
 
 
+_OLDER = len(_COLUMNS)
+"""Where a row of :func:`_claimed` says whether its row has an older job."""
+
+
 @functools.cache
 def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     """The query of :func:`claim`, built once for each shape (see :func:`_forms`): due jobs
-    oldest first (``limit``), or the claimable ones among the list ``ids``. On PostgreSQL the
-    rows are locked (skipping those another transaction holds) and each comes with whether
-    this transaction got the advisory lock of its row (a try: it never waits), the last
-    column: two claimers never take one row's jobs at once."""
+    oldest first (``limit``), or the claimable ones among the list ``ids``, each with whether
+    its row has an older job (:attr:`Job.alone`). On PostgreSQL the rows are locked (skipping
+    those another transaction holds) and each comes with whether this transaction got the
+    advisory lock of its row (a try: it never waits), the last column: two claimers never take
+    one row's jobs at once."""
     due: ColumnElement[bool] = outbox.c.next_attempt_at <= bindparam(
         "now", type_=outbox.c.next_attempt_at.type
     )
@@ -603,7 +611,18 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     if by_ids:
         due = due | outbox.c.claimed_by.is_(None)
         alive = _alive()  # found by id
-    statement = select(*_COLUMNS).where(alive, due).order_by(outbox.c.id)
+    earlier = outbox.alias("earlier")
+    older = (
+        select(literal(1))
+        .where(
+            earlier.c.table_name == outbox.c.table_name,
+            earlier.c.column_name == outbox.c.column_name,
+            earlier.c.row_pk == outbox.c.row_pk,
+            earlier.c.id < outbox.c.id,
+        )
+        .exists()
+    )
+    statement = select(*_COLUMNS, older.label("older")).where(alive, due).order_by(outbox.c.id)
     if by_ids:
         statement = statement.where(_one_of(outbox.c.id, "ids", form))
     else:

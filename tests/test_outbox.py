@@ -135,6 +135,28 @@ def test_claim_takes_due_jobs_and_skips_rows_someone_is_syncing(
         assert outbox.claim(conn, token="a", lease=60, limit=10) == []
 
 
+def test_a_claimed_job_whose_row_has_no_older_one_settles_without_looking(
+    tables: Engine,
+) -> None:
+    """The claim says which of its jobs supersede none (no older job of their row): settling
+    them is one ``DELETE``; a job with an older one still deletes it with itself."""
+    with tables.begin() as conn:
+        (lone,) = outbox.enqueue(conn, [K1])
+        older, newer = outbox.enqueue(conn, [K2, K2])
+    with tables.begin() as conn:
+        taken = outbox.claim(conn, token="t", lease=60, limit=10, ids=[lone.id, newer.id])
+    assert {job.id: job.alone for job in taken} == {lone.id: True, newer.id: False}
+    statements: list[str] = []
+    with tables.begin() as conn:
+        sa.event.listen(conn, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        assert outbox.settle_done(conn, [j for j in taken if j.alone], token="t") == []
+    assert len(statements) == 1 and statements[0].startswith("DELETE")
+    assert [j["id"] for j in jobs(tables)] == [older.id, newer.id]
+    with tables.begin() as conn:
+        assert outbox.settle_done(conn, [j for j in taken if not j.alone], token="t") == []
+    assert jobs(tables) == []  # the older job went with the newer one
+
+
 def test_two_claimers_never_take_one_rows_jobs_at_once(tables: Engine) -> None:
     """PostgreSQL: a lease is invisible to others until its claim commits, so each claim also
     tries its rows' advisory locks (never waiting): while one claim of a row's job is open,

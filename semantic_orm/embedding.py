@@ -25,7 +25,6 @@ onnxruntime is installed.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ import regex
 
 from .chunking import tokenizer_spans
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
-from .forking import RenewedLock, in_forked_child
+from .forking import RenewedLock, running_torch
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -209,39 +208,6 @@ CPU_BATCH_SIZE = 4
 """Texts per forward pass on the CPU when none is given (:class:`SentenceTransformerEmbedder`)."""
 GPU_BATCH_SIZE = 64
 """Texts per forward pass on a GPU when none is given."""
-
-
-log = logging.getLogger("semantic_orm")
-_torch_ran = False
-"""Whether this process has run a torch model (on the CPU its OpenMP threads are then up)."""
-
-
-def _running_torch() -> None:
-    """Note that a torch model runs in this process, for the processes forked from it."""
-    global _torch_ran
-    if not _torch_ran:
-        in_forked_child(_one_torch_thread)
-        _torch_ran = True
-
-
-def _one_torch_thread() -> None:
-    """In a process forked from one that ran a torch model: torch on one thread.
-
-    GNU OpenMP's threads do not survive a fork, and the child's first parallel region waits
-    for them for good: a worker forked after the app embedded (a warm-up under ``gunicorn
-    --preload``) hung on its first embedding. On one thread no parallel region starts.
-    """
-    import torch
-
-    if torch.get_num_threads() > 1:
-        torch.set_num_threads(1)
-        log.warning(
-            "semantic_orm: this process was forked from one that had run a torch model; "
-            "PyTorch's OpenMP threads do not survive a fork (the next parallel work would wait "
-            "for them for good), so torch runs on one thread here. To use more, run the model "
-            "only after the fork (no embedding before it, e.g. no warm-up under gunicorn "
-            "--preload), or use backend='onnx'"
-        )
 
 
 def _gpu_present() -> bool:
@@ -535,6 +501,8 @@ class SentenceTransformerEmbedder:
             inner.pop("torch_dtype", None)
             inner[_dtype_keyword()] = dtype  # loaded in it: no fp32 copy first
             kwargs["model_kwargs"] = inner
+        if backend == "torch":
+            running_torch()  # loading may start its threads already
         try:
             model = SentenceTransformer(self._path, device=self._device, **kwargs)
             if dtype is not None:
@@ -592,7 +560,8 @@ class SentenceTransformerEmbedder:
             if self.backend[0] == "onnx":
                 vectors = model.encode(list(texts), batch_size=self.batch_size, prompt=prompt)
             else:
-                _running_torch()
+                if self.backend[0] == "torch":
+                    running_torch()
                 # encode_query/encode_document (sentence-transformers >= 5) also route the
                 # texts of models with a Router module; the prompt is passed literally
                 method = getattr(model, f"encode_{task}", None) or model.encode

@@ -16,8 +16,8 @@ embedded (SQLite has one writer: a long transaction would block the application)
    once. On PostgreSQL the candidates are locked ``FOR UPDATE SKIP LOCKED`` and each key takes
    a transaction-level advisory lock (in the same query) while the leases are checked and
    written (one ``UPDATE`` that leases the jobs no live lease holds back, and returns them).
-2. the processor reads the rows (in the claim's transaction, or in one of their own), embeds
-   and writes the vector store, outside any transaction;
+2. the processor reads the rows (a commit's own few in the claim's transaction), embeds and
+   writes the vector store, outside any transaction;
 3. **settle** (a short transaction): finished jobs are deleted, failed ones get their attempt
    count, last error and next retry time. A job whose lease expired and was claimed again by
    someone else is *lost*: the processor queues a fresh job for its key, since its write may
@@ -557,7 +557,8 @@ def claim(
         rows = list(conn.execute(query, {"now": now, "limit": limit}))
     else:
         for part in _parts(list(ids), form):
-            rows += conn.execute(query, {"now": now, "ids": _list_param(part, form)})
+            params = {"now": now, "limit": limit, "ids": _list_param(part, form)}
+            rows += conn.execute(query, params)
         rows = rows[:limit]
     if not rows:
         return []
@@ -565,7 +566,8 @@ def claim(
     # on PostgreSQL, whether this transaction got the row's advisory lock
     found = [replace(_job(row), alone=not row[_OLDER]) for row in rows]
     free = [job for job, row in zip(found, rows, strict=True) if not postgres or row[-1]]
-    if not conn.dialect.update_returning:  # (SQLite before 3.35): look, then lease
+    if not conn.dialect.update_returning or (form is None and len(found) > BATCH):
+        # look, then lease (SQLite before 3.35; or too many ids for one list of parameters)
         keys = {job.key for job in free}
         keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
         jobs = [job for job in free if job.key in keys]
@@ -598,35 +600,40 @@ _OLDER = len(_COLUMNS)
 
 @functools.cache
 def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
-    """The query of :func:`claim`, built once for each shape (see :func:`_forms`): due jobs
-    oldest first (``limit``), or the claimable ones among the list ``ids``, each with whether
-    its row has an older job (:attr:`Job.alone`). On PostgreSQL the rows are locked (skipping
-    those another transaction holds) and each comes with whether this transaction got the
-    advisory lock of its row (a try: it never waits), the last column: two claimers never take
-    one row's jobs at once."""
+    """The query of :func:`claim`, built once for each shape (see :func:`_forms`): up to
+    ``limit`` due jobs oldest first, or the claimable ones among the list ``ids``, these each
+    with whether its row has an older job (:attr:`Job.alone`; due jobs say they may: asked of
+    every due job a backlog holds, before its ``LIMIT``, it would cost a lookup each). On
+    PostgreSQL the rows are locked (skipping those another transaction holds) and each comes
+    with whether this transaction got the advisory lock of its row (a try: it never waits),
+    the last column: two claimers never take one row's jobs at once."""
     due: ColumnElement[bool] = outbox.c.next_attempt_at <= bindparam(
         "now", type_=outbox.c.next_attempt_at.type
     )
     alive: ColumnElement[bool] = outbox.c.dead.is_(False)  # due jobs: by the due-time index
+    older: ColumnElement[Any] = literal(True)
     if by_ids:
         due = due | outbox.c.claimed_by.is_(None)
         alive = _alive()  # found by id
-    earlier = outbox.alias("earlier")
-    older = (
-        select(literal(1))
-        .where(
-            earlier.c.table_name == outbox.c.table_name,
-            earlier.c.column_name == outbox.c.column_name,
-            earlier.c.row_pk == outbox.c.row_pk,
-            earlier.c.id < outbox.c.id,
+        earlier = outbox.alias("earlier")
+        older = (
+            select(literal(1))
+            .where(
+                earlier.c.table_name == outbox.c.table_name,
+                earlier.c.column_name == outbox.c.column_name,
+                earlier.c.row_pk == outbox.c.row_pk,
+                earlier.c.id < outbox.c.id,
+            )
+            .exists()
         )
-        .exists()
+    statement = (
+        select(*_COLUMNS, older.label("older"))
+        .where(alive, due)
+        .order_by(outbox.c.id)
+        .limit(bindparam("limit", type_=Integer))
     )
-    statement = select(*_COLUMNS, older.label("older")).where(alive, due).order_by(outbox.c.id)
     if by_ids:
         statement = statement.where(_one_of(outbox.c.id, "ids", form))
-    else:
-        statement = statement.limit(bindparam("limit", type_=Integer))
     if not postgres:
         return statement
     found = statement.with_for_update(skip_locked=True).cte("found")

@@ -6,7 +6,8 @@ A :class:`Processor` pass over one database:
    PostgreSQL ``FOR UPDATE SKIP LOCKED`` plus per-row advisory locks), unless the caller already
    holds them (jobs born leased to this processor by the commit that wrote them);
 2. **read** each row's *current* committed value of the column, one ``SELECT`` per column and
-   500 keys, in the claim's transaction for the jobs it claims (no transaction of its own);
+   500 keys (for a commit's own jobs, claimed by id, in the claim's transaction: no
+   transaction of its own);
    except, for jobs born leased to this processor, the rows whose text their commit's flush
    wrote and knows (:meth:`_Pass.group`): no other pass syncs those rows before the jobs are
    settled, so that text is still theirs;
@@ -274,11 +275,12 @@ class Processor:
                         return run.report  # idle: no write transaction at all
                 with self.writing(engine) as conn:
                     claimed = run.claim_and_read(conn, limit, ids)
-            elif claimed:
+                written = None  # claimed now: another pass may have synced a newer value
+            else:
                 run.jobs = list(claimed)
-                if run.group(written):
-                    with engine.connect() as conn:
-                        run.read(conn)
+            if claimed and not run.grouped and run.group(written):
+                with engine.connect() as conn:
+                    run.read(conn)
             if claimed:
                 run.apply()
                 if defer and not run.failed:
@@ -320,11 +322,12 @@ class Processor:
                         return run.report
                 async with self.awriting(engine) as conn:
                     claimed = await conn.run_sync(run.claim_and_read, limit, ids)
-            elif claimed:
+                written = None
+            else:
                 run.jobs = list(claimed)
-                if run.group(written):
-                    async with engine.connect() as conn:
-                        await conn.run_sync(run.read)
+            if claimed and not run.grouped and run.group(written):
+                async with engine.connect() as conn:
+                    await conn.run_sync(run.read)
             if claimed:
                 await asyncio.to_thread(run.apply)
                 async with self.awriting(engine) as conn:
@@ -557,6 +560,8 @@ class _Pass:
         self.unread: list[tuple[ColumnBinding, list[str]]] = []
         self.failed: list[tuple[list[JobKey], BaseException]] = []
         self.buried: list[JobKey] = []
+        self.grouped = False
+        """Whether :meth:`group` ran."""
 
     def look(self, conn: Connection, sweep: bool) -> bool:
         """Whether a job is due (a read); notes the leases of dead local processes."""
@@ -577,12 +582,14 @@ class _Pass:
         return claimed
 
     def claim_and_read(self, conn: Connection, limit: int, ids: Sequence[int] | None) -> list[Job]:
-        """Lease due jobs (or those among ``ids``) and read their rows in the same transaction,
-        before the leases commit (no transaction of its own for the read). Jobs claimed now
-        may follow a pass that synced a newer value than their commit wrote: their rows are
-        read, never taken from a commit."""
+        """Lease due jobs (or those among ``ids``); a commit's own jobs (``ids``: a commit's
+        rows, few) have their rows read in the same transaction, before the leases commit (no
+        transaction of its own for the read), a worker's batch after it (:meth:`read`: the
+        write lock is not held while hundreds of rows are read). Jobs claimed now may follow a
+        pass that synced a newer value than their commit wrote: their rows are read, never
+        taken from a commit."""
         self.jobs = self.claim(conn, limit, ids)
-        if self.jobs and self.group():
+        if self.jobs and ids is not None and self.group():
             self.read(conn)
         return self.jobs
 
@@ -595,6 +602,7 @@ class _Pass:
         the lease lasts (the committing index hands it over for half the lease only); the other
         rows are read (:meth:`read`).
         """
+        self.grouped = True
         known = written or {}
         self.report.claimed = len(self.jobs)
         for job in self.jobs:

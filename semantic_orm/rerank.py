@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
-from .forking import RenewedLock
+from .forking import RenewedLock, running_torch
 
 __all__ = ["CrossEncoderReranker", "Reranker", "rerank_scores"]
 
@@ -137,6 +137,7 @@ class CrossEncoderReranker:
                 "CrossEncoderReranker needs sentence-transformers: "
                 "pip install 'semantic-orm[embed]' (and torch==2.13.0 for a CPU build)"
             ) from exc
+        running_torch()  # a torch model: a process forked from this one runs it on one thread
         try:
             return CrossEncoder(
                 self._name,

@@ -59,6 +59,21 @@ def test_a_lock_another_thread_held_at_the_fork_is_free_in_the_child() -> None:
         assert not renewed.acquire(blocking=False)
 
 
+def test_a_lock_the_forking_thread_holds_stays_its_own_in_the_child() -> None:
+    """A fork made inside ``with lock:`` (a model loading under its lock): the child's thread
+    is the one that took it, and releases it on leaving the block."""
+    renewed, reentrant = RenewedLock(), RenewedLock(reentrant=True)
+
+    def leave_the_blocks() -> list[bool]:
+        renewed.release()
+        reentrant.release()
+        return [renewed.acquire(timeout=0.5), reentrant.acquire(timeout=0.5)]
+
+    with renewed, reentrant:
+        _, took = in_a_forked_child(leave_the_blocks)
+    assert took == [True, True]
+
+
 def test_a_forked_worker_commits_and_searches_while_its_parents_threads_held_the_locks(
     engine: Engine,
 ) -> None:

@@ -174,7 +174,7 @@ class QdrantClientStore(QdrantStore):
         self._known: set[str] = set()
         self._where = url or location or path or "client"
         # qdrant-client's local mode is not thread-safe (a server is): serialize its calls
-        local = path is not None or (location is not None and "://" not in location)
+        local = path is not None or location == ":memory:"
         local = local or type(getattr(client, "_client", None)).__name__ == "QdrantLocal"
         self._serial: Any = RenewedLock(reentrant=True) if local else contextlib.nullcontext()
         self._forked_from: int | None = None
@@ -209,7 +209,6 @@ class QdrantClientStore(QdrantStore):
                     "worker, or let the workers share a Qdrant server: "
                     "QdrantClientStore(url='http://qdrant:6333')"
                 )
-            self._forked_from = None
             if options is None:
                 log.warning(
                     "semantic_orm: this process was forked from pid %d after %r was made with "
@@ -218,10 +217,17 @@ class QdrantClientStore(QdrantStore):
                     parent,
                     self,
                 )
-            elif options["url"] is not None or "://" in str(options["location"]):
+            elif options["location"] != ":memory:":  # (in memory: this process's own copy)
+                try:
+                    made = _qc().QdrantClient(**options)
+                except Exception as exc:
+                    raise VectorStoreError(
+                        f"{self!r} could not make a client of its own in this process, forked "
+                        f"from pid {parent}: {exc}"
+                    ) from exc
                 self._inherited.append(self.client)  # kept: closing would close the parent's
-                self.client = _qc().QdrantClient(**options)
-            # location=":memory:": the points are this process's own copy from here on
+                self.client = made
+            self._forked_from = None  # last: another thread waits for the new client
 
     # -- collections --------------------------------------------------------------------------
 

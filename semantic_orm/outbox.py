@@ -479,17 +479,21 @@ def _of_rows(
     now: dt.datetime,
 ) -> Iterator[tuple[str, str, Any]]:
     """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
-    for (table, column), pks in _key_groups(set(keys)).items():
+    for form, params in _by_rows(conn, set(keys)):
+        rows = conn.execute(statement[form], {**params, "now": now}).all()  # no cursor left open
+        for row in rows:
+            yield params["table"], params["column"], row
+
+
+def _by_rows(
+    conn: Connection, keys: Iterable[JobKey]
+) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """For each table and column of ``keys``, and each list of their row keys: the list form
+    and the parameters ``table``, ``column`` and ``pks`` (:func:`_of_rows_where`)."""
+    for (table, column), pks in _key_groups(keys).items():
         form = _list_form(conn, pks)
         for part in _parts(pks, form):
-            params = {
-                "table": table,
-                "column": column,
-                "pks": _list_param(part, form),
-                "now": now,
-            }
-            for row in conn.execute(statement[form], params).all():  # no cursor left open
-                yield table, column, row
+            yield form, {"table": table, "column": column, "pks": _list_param(part, form)}
 
 
 def _leased_keys(
@@ -615,17 +619,7 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     if by_ids:
         due = due | outbox.c.claimed_by.is_(None)
         alive = _alive()  # found by id
-        earlier = outbox.alias("earlier")
-        older = (
-            select(literal(1))
-            .where(
-                earlier.c.table_name == outbox.c.table_name,
-                earlier.c.column_name == outbox.c.column_name,
-                earlier.c.row_pk == outbox.c.row_pk,
-                earlier.c.id < outbox.c.id,
-            )
-            .exists()
-        )
+        older = _of_its_row("earlier", lambda earlier: [earlier.c.id < outbox.c.id])
     statement = (
         select(*_COLUMNS, older.label("older"))
         .where(alive, due)
@@ -642,6 +636,22 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     return select(*found.c, got).order_by(found.c.id)
 
 
+def _of_its_row(name: str, where: Callable[[Any], list[ColumnElement[bool]]]) -> Any:
+    """Whether the row of the outbox row at hand has a job (the outbox aliased ``name``) for
+    which the conditions ``where(alias)`` hold: ``EXISTS``, found through the row index."""
+    other = outbox.alias(name)
+    return (
+        select(literal(1))
+        .where(
+            other.c.table_name == outbox.c.table_name,
+            other.c.column_name == outbox.c.column_name,
+            other.c.row_pk == outbox.c.row_pk,
+            *where(other),
+        )
+        .exists()
+    )
+
+
 _KEY_SEP = literal("\x1f", Text)
 """Between the table, the column and the key in the name of a row's advisory lock (the name
 every version of the library hashes: processes of two versions exclude each other)."""
@@ -650,19 +660,14 @@ every version of the library hashes: processes of two versions exclude each othe
 def _lease_free(form: str | None) -> Any:
     """Lease the jobs ``ids`` whose row has no other live lease than the jobs ``besides``;
     returns the ids leased (a look and the lease in one statement)."""
-    other = outbox.alias("other")
-    held = (
-        select(literal(1))
-        .where(
-            other.c.table_name == outbox.c.table_name,
-            other.c.column_name == outbox.c.column_name,
-            other.c.row_pk == outbox.c.row_pk,
+    held = _of_its_row(
+        "other",
+        lambda other: [
             other.c.claimed_by.is_not(None),
             other.c.next_attempt_at > bindparam("now", type_=outbox.c.next_attempt_at.type),
             func.coalesce(other.c.dead, False).is_(False),
             ~_one_of(other.c.id, "besides", form),
-        )
-        .exists()
+        ],
     )
     return (
         update(outbox)
@@ -846,16 +851,8 @@ def release(conn: Connection, tokens: Sequence[str], *, now: dt.datetime | None 
 def dead_letter(conn: Connection, keys: Iterable[JobKey], error: str) -> int:
     """Bury the pending jobs of ``keys`` at once (e.g. their table is no longer mapped)."""
     buried = 0
-    for (table, column), pks in _key_groups(keys).items():
-        form = _list_form(conn, pks)
-        for part in _parts(pks, form):
-            params = {
-                "table": table,
-                "column": column,
-                "pks": _list_param(part, form),
-                "error": error[:2000],
-            }
-            buried += int(conn.execute(_BURY[form], params).rowcount)
+    for form, params in _by_rows(conn, keys):
+        buried += int(conn.execute(_BURY[form], {**params, "error": error[:2000]}).rowcount)
     return buried
 
 

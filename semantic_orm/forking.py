@@ -5,10 +5,11 @@ A server that loads the application before forking its workers (``gunicorn --pre
 Edge shards, lease tokens, waiting jobs, locks another thread held at the fork. Modules that own
 such state register a callback with :func:`in_forked_child`; a lock that another thread may
 hold while a server forks (the retrier's or the settle timer's, in the middle of a write) is a
-:class:`RenewedLock`, fresh in every child before any callback runs. The interpreter's hook is
-registered with the first callback or the first lock taken (importing semantic_orm registers
-nothing) and runs where Python forks; a fork made from C without it (uWSGI without
-``lazy-apps``) skips it.
+:class:`RenewedLock`, fresh in every child before any callback runs; a process that loaded or
+ran a torch model (:func:`running_torch`) has its children run torch on one thread (PyTorch's
+OpenMP threads do not survive a fork). The interpreter's hook is registered with the first
+callback or the first lock taken (importing semantic_orm registers nothing) and runs where
+Python forks; a fork made from C without it (uWSGI without ``lazy-apps``) skips it.
 """
 
 from __future__ import annotations

@@ -669,18 +669,7 @@ def _lease_free(form: str | None) -> Any:
             ~_one_of(other.c.id, "besides", form),
         ],
     )
-    return (
-        update(outbox)
-        .where(_one_of(outbox.c.id, "ids", form), ~held)
-        .values(
-            claimed_by=bindparam("token", type_=outbox.c.claimed_by.type),
-            next_attempt_at=bindparam("until", type_=outbox.c.next_attempt_at.type),
-        )
-        .returning(outbox.c.id)
-    )
-
-
-_LEASE_FREE = _forms(_lease_free)
+    return _LEASE[form].where(~held).returning(outbox.c.id)
 
 
 _LEASE = _forms(
@@ -693,6 +682,8 @@ _LEASE = _forms(
         )
     )
 )
+"""Lease the jobs ``ids`` (``token``, until ``until``)."""
+_LEASE_FREE = _forms(_lease_free)
 
 
 def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[JobKey]:

@@ -6,11 +6,10 @@ A :class:`Processor` pass over one database:
    PostgreSQL ``FOR UPDATE SKIP LOCKED`` plus per-row advisory locks), unless the caller already
    holds them (jobs born leased to this processor by the commit that wrote them);
 2. **read** each row's *current* committed value of the column, one ``SELECT`` per column and
-   500 keys (for a commit's own jobs, claimed by id, in the claim's transaction: no
-   transaction of its own);
-   except, for jobs born leased to this processor, the rows whose text their commit's flush
-   wrote and knows (:meth:`_Pass.group`): no other pass syncs those rows before the jobs are
-   settled, so that text is still theirs;
+   500 keys (a commit's own jobs, claimed by id, in the claim's transaction); except, for jobs
+   born leased to this processor, the rows whose text their commit's flush wrote and knows
+   (:meth:`_Pass.group`): no other pass syncs those rows before the jobs are settled, so that
+   text is still theirs;
 3. **apply** them (:class:`~semantic_orm.applying.Applier`) with no database transaction open,
    after checking that each column's collection still matches its settings;
 4. **settle** in a short transaction: delete finished jobs (and dead jobs of the same rows),

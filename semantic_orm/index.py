@@ -312,7 +312,7 @@ class SemanticIndex:
         self._joined: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Connection]] = (
             weakref.WeakKeyDictionary()
         )
-        self._lock = threading.RLock()
+        self._lock = RenewedLock(reentrant=True)
         self._retry = _Retrier(self)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._aretrying: set[Any] = set()
@@ -324,10 +324,9 @@ class SemanticIndex:
         """In a process forked from this one's (a server that loads the app before forking its
         workers): a token of its own (leases, and the release of a dead process's, go by
         pid), none of the parent's finished jobs, fresh write gates and a retrier of its own
-        (threads do not survive a fork, and a lock one held then stays held)."""
+        (threads do not survive a fork; its locks are renewed by :mod:`semantic_orm.forking`)."""
         self.token = self.processor.token = _new_token()
         self.processor.later.forked()
-        self._lock = threading.RLock()
         self._gates = weakref.WeakKeyDictionary()
         closed = self._retry.stopped()
         self._retry = _Retrier(self)

@@ -53,6 +53,7 @@ from .applying import Applier, ApplyReport, RowValue, SyncOp
 from .binding import ColumnBinding
 from .exc import ConfigurationError, is_transient
 from .filtering import FilterField, row_fields
+from .forking import RenewedLock
 from .gate import WriteGate
 from .mapping import SemanticColumn, key_params, keys_in, pk_in, row_key
 from .outbox import Job, JobKey
@@ -373,7 +374,7 @@ class DeferredSettle:
         self._jobs: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
         # when the oldest of each database's waiting jobs came
         self._since: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._lock = RenewedLock()
         self._timer: threading.Timer | None = None
         self._closed = False
         _deferred.add(self)
@@ -417,9 +418,8 @@ class DeferredSettle:
 
     def forked(self) -> None:
         """In a process forked from this one's: the waiting jobs are the parent's (it settles
-        them), no timer runs here (threads do not survive a fork) and a lock another thread
-        held at the fork stays held: start empty."""
-        self._lock = threading.Lock()
+        them) and no timer runs here (threads do not survive a fork): start empty (the lock
+        is renewed by :mod:`semantic_orm.forking`)."""
         self._jobs = weakref.WeakKeyDictionary()
         self._since = weakref.WeakKeyDictionary()
         self._timer = None

@@ -177,7 +177,7 @@ class _OpenShard:
         self.shard = shard
         self.dimension = dimension
         self.meta = meta
-        self.lock = threading.RLock()
+        self.lock = RenewedLock(reentrant=True)
         self.users = 0
         self.closed = False
         self.written = 0
@@ -205,7 +205,6 @@ def _forget_parents_shards() -> None:
     _forked_from = os.getppid()
     for opened in _registry.values():
         opened.closed = True
-        opened.lock = threading.RLock()
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(opened.shard))  # never dropped here
     _registry.clear()
 

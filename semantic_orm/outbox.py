@@ -168,15 +168,16 @@ def as_utc(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-def _alive() -> ColumnElement[bool]:
-    """Not dead-lettered, for statements that find jobs by row or by id.
+def _alive(table: Any = outbox) -> ColumnElement[bool]:
+    """Not dead-lettered (a job of ``table``: the outbox or an alias of it), for statements
+    that find jobs by row or by id.
 
     The due-time index starts with the dead flag, and SQLite's planner (no statistics) takes
     any equality on it as a reason to walk that index, through every pending job (a retry
     backlog of 100,000 made each commit's lookups 60x slower); behind ``coalesce`` the flag
     is no index key, so the row index or the primary key is used.
     """
-    return func.coalesce(outbox.c.dead, False).is_(False)
+    return func.coalesce(table.c.dead, False).is_(False)
 
 
 class JobKey(NamedTuple):
@@ -287,9 +288,17 @@ def _of_rows_where(form: str | None) -> tuple[ColumnElement[bool], ...]:
     )
 
 
-_LIVE_LEASE = and_(
-    outbox.c.claimed_by.is_not(None), outbox.c.next_attempt_at > bindparam("now"), _alive()
-)
+def _live_lease(table: Any = outbox) -> ColumnElement[bool]:
+    """A job of ``table`` (the outbox or an alias of it) that a processor holds until after
+    the ``now`` parameter."""
+    return and_(
+        table.c.claimed_by.is_not(None),
+        table.c.next_attempt_at > bindparam("now", type_=outbox.c.next_attempt_at.type),
+        _alive(table),
+    )
+
+
+_LIVE_LEASE = _live_lease()
 _LEASED = _forms(
     lambda f: select(outbox.c.id, outbox.c.row_pk).where(*_of_rows_where(f), _LIVE_LEASE)
 )
@@ -662,12 +671,7 @@ def _lease_free(form: str | None) -> Any:
     returns the ids leased (a look and the lease in one statement)."""
     held = _of_its_row(
         "other",
-        lambda other: [
-            other.c.claimed_by.is_not(None),
-            other.c.next_attempt_at > bindparam("now", type_=outbox.c.next_attempt_at.type),
-            func.coalesce(other.c.dead, False).is_(False),
-            ~_one_of(other.c.id, "besides", form),
-        ],
+        lambda other: [_live_lease(other), ~_one_of(other.c.id, "besides", form)],
     )
     return _LEASE[form].where(~held).returning(outbox.c.id)
 

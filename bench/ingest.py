@@ -359,6 +359,28 @@ def trivial_overhead(
     return overhead, same, share, per_commit, over
 
 
+def trivial_phases(
+    work: Path, docs: list[tuple[str, str]], args: argparse.Namespace, qe: Any, url: Any = None
+) -> tuple[list[tuple[float, float, float, float, float]], list[float], list[float]]:
+    """The two trivial-embedder phases (commits of ``--batch`` documents, then of one), each
+    in ``--trivial-rounds`` fresh rounds: the first phase's rounds, and each phase's median of
+    every figure :func:`trivial_overhead` returns."""
+    rounds = [
+        trivial_overhead(work, docs[: args.trivial_docs], args.batch, qe, url)
+        for _ in range(args.trivial_rounds)
+    ]
+    # a web request's commit: one row, where the ORM's fixed costs per commit show
+    one_rows = [
+        trivial_overhead(work, docs[: args.one_row_docs], 1, qe, url)
+        for _ in range(args.trivial_rounds)
+    ]
+    return (
+        rounds,
+        [statistics.median(r) for r in zip(*rounds, strict=True)],
+        [statistics.median(r) for r in zip(*one_rows, strict=True)],
+    )
+
+
 def postgres_overhead(
     work: Path, docs: list[tuple[str, str]], args: argparse.Namespace, qe: Any
 ) -> dict[str, Any]:
@@ -385,19 +407,11 @@ def postgres_overhead(
         print(f"PostgreSQL phases skipped: {exc}")
         return skipped
     try:
-        phases = []
-        for size, sample in (
-            (args.batch, docs[: args.trivial_docs]),
-            (1, docs[: args.one_row_docs]),
-        ):
-            rounds = [
-                trivial_overhead(work, sample, size, qe, cluster.url)
-                for _ in range(args.trivial_rounds)
-            ]
-            phases.append([statistics.median(r) for r in zip(*rounds, strict=True)])
+        _, (batch, *_), (one_row, _, _, one_row_ms, one_row_over_ms) = trivial_phases(
+            work, docs, args, qe, cluster.url
+        )
     finally:
         cluster.stop()
-    (batch, *_), (one_row, _, _, one_row_ms, one_row_over_ms) = phases
     return {
         "postgresql_overhead_trivial": round(batch, 4),
         "postgresql_one_row_commit_overhead": round(one_row, 4),
@@ -609,21 +623,9 @@ def main() -> int:
         shard.close()
         # each phase in --trivial-rounds fresh rounds, the median of each ratio reported: a
         # round is a few seconds, and one stall of this shared machine moves it by +-0.05
-        rounds = [
-            trivial_overhead(work, docs[: args.trivial_docs], args.batch, qe)
-            for _ in range(args.trivial_rounds)
-        ]
-        overhead, same_points, keyword_share, commit_ms, over_ms = (
-            statistics.median(r) for r in zip(*rounds, strict=True)
-        )
-        # a web request's commit: one row, where the ORM's fixed costs per commit show
-        one_rows = [
-            trivial_overhead(work, docs[: args.one_row_docs], 1, qe)
-            for _ in range(args.trivial_rounds)
-        ]
-        one_row, one_row_same, _, one_row_ms, one_row_over_ms = (
-            statistics.median(r) for r in zip(*one_rows, strict=True)
-        )
+        rounds, of_batches, of_one_row = trivial_phases(work, docs, args, qe)
+        overhead, same_points, keyword_share, commit_ms, over_ms = of_batches
+        one_row, one_row_same, _, one_row_ms, one_row_over_ms = of_one_row
         postgres = postgres_overhead(work, docs, args, qe)
         print(
             json.dumps(

@@ -398,7 +398,8 @@ def postgres_overhead(
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
     try:
         from tests.pg_cluster import PostgresCluster
-    except ImportError:
+    except ImportError as exc:
+        print(f"PostgreSQL phases skipped: {exc}")
         return skipped
     try:
         cluster = PostgresCluster()

@@ -577,15 +577,16 @@ def claim(
         return []
     # each row came with whether its row has an older job (its settle then looks for it) and,
     # on PostgreSQL, whether this transaction got the row's advisory lock
-    found = [replace(_job(row), alone=not row[_OLDER]) for row in rows]
-    free = [job for job, row in zip(found, rows, strict=True) if not postgres or row[-1]]
+    found = [replace(_job(row), alone=not row.older) for row in rows]
+    free = [job for job, row in zip(found, rows, strict=True) if not postgres or row.got]
+    until = now + _seconds(lease)
     if not conn.dialect.update_returning or (form is None and len(found) > BATCH):
         # look, then lease (SQLite before 3.35; or too many ids for one list of parameters)
         keys = {job.key for job in free}
         keys -= _leased_keys(conn, keys, now=now, besides={job.id for job in found})
         jobs = [job for job in free if job.key in keys]
         for part in _parts([job.id for job in jobs], form):
-            params = {"ids": _list_param(part, form), "token": token, "until": _until(now, lease)}
+            params = {"ids": _list_param(part, form), "token": token, "until": until}
             conn.execute(_LEASE[form], params)
         return jobs
     # lease the jobs whose rows no other job holds a live lease on, in the same statement
@@ -597,18 +598,10 @@ def claim(
             "besides": besides,
             "now": now,
             "token": token,
-            "until": _until(now, lease),
+            "until": until,
         }
         leased.update(int(i) for i in conn.execute(_LEASE_FREE[form], params).scalars())
     return [job for job in free if job.id in leased]
-
-
-def _until(now: dt.datetime, lease: float) -> dt.datetime:
-    return now + _seconds(lease)
-
-
-_OLDER = len(_COLUMNS)
-"""Where a row of :func:`_claimed` says whether its row has an older job."""
 
 
 @functools.cache
@@ -619,7 +612,7 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     every due job a backlog holds, before its ``LIMIT``, it would cost a lookup each). On
     PostgreSQL the rows are locked (skipping those another transaction holds) and each comes
     with whether this transaction got the advisory lock of its row (a try: it never waits),
-    the last column: two claimers never take one row's jobs at once."""
+    ``got``: two claimers never take one row's jobs at once."""
     due: ColumnElement[bool] = outbox.c.next_attempt_at <= bindparam(
         "now", type_=outbox.c.next_attempt_at.type
     )
@@ -642,7 +635,7 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     found = statement.with_for_update(skip_locked=True).cte("found")
     row = found.c.table_name + _KEY_SEP + found.c.column_name + _KEY_SEP + found.c.row_pk
     got = func.pg_try_advisory_xact_lock(func.hashtextextended(row, 0))
-    return select(*found.c, got).order_by(found.c.id)
+    return select(*found.c, got.label("got")).order_by(found.c.id)
 
 
 def _of_its_row(name: str, where: Callable[[Any], list[ColumnElement[bool]]]) -> Any:

@@ -581,14 +581,15 @@ class _Pass:
         return claimed
 
     def claim_and_read(self, conn: Connection, limit: int, ids: Sequence[int] | None) -> list[Job]:
-        """Lease due jobs (or those among ``ids``); a commit's own jobs (``ids``: a commit's
-        rows, few) have their rows read in the same transaction, before the leases commit (no
-        transaction of its own for the read), a worker's batch after it (:meth:`read`: the
-        write lock is not held while hundreds of rows are read). Jobs claimed now may follow a
+        """Lease due jobs (or those among ``ids``); a commit's own jobs (``ids``), up to
+        :data:`~semantic_orm.outbox.BATCH` of them, have their rows read in the same
+        transaction, before the leases commit (no transaction of its own for the read); a
+        worker's batch or a bulk commit's after it (:meth:`read`: the locks are not held
+        while many rows are read). Jobs claimed now may follow a
         pass that synced a newer value than their commit wrote: their rows are read, never
         taken from a commit."""
         self.jobs = self.claim(conn, limit, ids)
-        if self.jobs and ids is not None and self.group():
+        if self.jobs and ids is not None and len(self.jobs) <= outbox.BATCH and self.group():
             self.read(conn)
         return self.jobs
 

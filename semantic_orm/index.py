@@ -27,9 +27,10 @@ The save path, one module per step:
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
    :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
    Jobs that failed are retried in the background after later commits, by a worker, or by
-   :meth:`SemanticIndex.drain`. On SQLite a sync commit's finished jobs are deleted by the
-   next commit's transaction, or a moment later (:class:`~semantic_orm.processing.DeferredSettle`),
-   not by a write transaction of their own;
+   :meth:`SemanticIndex.drain`. A sync commit's jobs are born leased to the index on SQLite
+   and on PostgreSQL (no claim transaction), and its finished jobs deleted a moment later, by
+   the next commit's transaction on SQLite, else by a timer for all the commits meanwhile
+   (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction of their own;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 
@@ -91,6 +92,8 @@ _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's 
 INLINE_HOLD = 30.0
 """Seconds an inline commit's jobs are kept from workers while the committing process syncs
 them (after a crash, workers take them once this has passed)."""
+_BORN_LEASED = ("sqlite", "postgresql")
+"""Databases where an inline commit's jobs are born leased to the committing process."""
 
 
 def _new_token() -> str:
@@ -295,6 +298,7 @@ class SemanticIndex:
                 born_leased=self._born_leased,
                 lease=lease,
                 carry=self.processor.later.carry,
+                finished=self._finished,
                 restore=self.processor.later.give_back,
                 hold=self._hold,
                 on_commit=self._on_commit,
@@ -518,10 +522,15 @@ class SemanticIndex:
         return any(c.in_transaction() for c in self._joined.get(engine, ()))
 
     def _born_leased(self, conn: Connection) -> str | None:
-        """Jobs of an inline SQLite commit are born leased to this index (no claim needed)."""
-        if self.mode == "inline" and conn.dialect.name == "sqlite":
+        """Jobs of an inline commit on SQLite or PostgreSQL are born leased to this index (no
+        claim needed; on PostgreSQL where its isolation allows, see :func:`outbox.enqueue`)."""
+        if self.mode == "inline" and conn.dialect.name in _BORN_LEASED:
             return self.token
         return None
+
+    def _finished(self, conn: Connection) -> list[int]:
+        """This index's synced jobs in ``conn``'s database that wait to be deleted."""
+        return [job.id for job in self.processor.later.waiting(conn.engine)]
 
     def _hold(self, conn: Connection) -> float:
         """Jobs of an inline commit elsewhere wait a moment for this process to claim them."""

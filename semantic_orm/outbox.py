@@ -24,7 +24,10 @@ embedded (SQLite has one writer: a long transaction would block the application)
    have overtaken a newer one.
 
 Jobs can also be born leased (:func:`enqueue` with ``claimed_by``), by the committing process
-that will sync them right after the commit, which then needs no claim transaction.
+that will sync them right after the commit, which then needs no claim transaction: on SQLite
+(one writer at a time), and on PostgreSQL in ``READ COMMITTED``, where the birth first takes
+its rows' advisory locks, waiting for an open claim of them (whose lease it then sees) and
+keeping later claims off them until its transaction ends.
 
 Failures: every failed attempt counts in ``attempts`` (it sets the backoff); only permanent
 failures count in ``failures``, and a job whose ``failures`` reach ``max_attempts`` is
@@ -43,11 +46,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    ARRAY,
     JSON,
     BigInteger,
     Boolean,
@@ -69,6 +73,8 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
+    null,
     select,
     update,
 )
@@ -201,7 +207,7 @@ class Job:
     failures: int = 0
     claimed_by: str | None = None
     alone: bool = False
-    """Its row had no other job when it was born leased (:func:`enqueue`, SQLite) or no older
+    """Its row had no other job when it was born leased (:func:`enqueue`) or no older
     one when it was claimed (:func:`claim`): it supersedes none, so settling it looks for none.
     Sound where ids only grow while the job lives; elsewhere (a PostgreSQL transaction that
     took a smaller id commits later) that older job is left to be synced once more, never
@@ -280,11 +286,13 @@ def _forms(build: Callable[[str | None], Any]) -> dict[str | None, Any]:
     return {form: build(form) for form in (None, *_JSON_FORMS)}
 
 
-def _of_rows_where(form: str | None) -> tuple[ColumnElement[bool], ...]:
+def _of_rows_where(form: str | None, table: Any = outbox) -> tuple[ColumnElement[bool], ...]:
+    """Conditions for the jobs of ``table`` (the outbox or an alias of it) of the rows named
+    by the parameters ``table`` and ``column`` and the list parameter ``pks``."""
     return (
-        outbox.c.table_name == bindparam("table"),
-        outbox.c.column_name == bindparam("column"),
-        _one_of(outbox.c.row_pk, "pks", form),
+        table.c.table_name == bindparam("table"),
+        table.c.column_name == bindparam("column"),
+        _one_of(table.c.row_pk, "pks", form),
     )
 
 
@@ -299,13 +307,28 @@ def _live_lease(table: Any = outbox) -> ColumnElement[bool]:
 
 
 _LIVE_LEASE = _live_lease()
+
+
+def _holding(form: str | None, table: Any = outbox) -> ColumnElement[bool]:
+    """A job of ``table`` (the outbox or an alias of it) holding its row for a new job born
+    leased to the ``token`` parameter: a live lease, unless it is one of the ``finished`` jobs
+    of that token (the list parameter), which only wait to be deleted."""
+    return and_(
+        _live_lease(table),
+        ~and_(
+            _one_of(table.c.id, "finished", form),
+            table.c.claimed_by == bindparam("token", type_=outbox.c.claimed_by.type),
+        ),
+    )
+
+
 _LEASED = _forms(
     lambda f: select(outbox.c.id, outbox.c.row_pk).where(*_of_rows_where(f), _LIVE_LEASE)
 )
-# the rows that have jobs, each with whether a live lease holds one of them
+# the rows that have jobs, each with whether one holds it for a birth (see _holding)
 _WITH_JOBS = _forms(
     lambda f: (
-        select(outbox.c.row_pk, func.max(case((_LIVE_LEASE, 1), else_=0)))
+        select(outbox.c.row_pk, func.max(case((_holding(f), 1), else_=0)))
         .where(*_of_rows_where(f))
         .group_by(outbox.c.row_pk)
     )
@@ -368,6 +391,7 @@ def enqueue(
     claimed_by: str | None = None,
     lease: float = 0.0,
     hold: float = 0.0,
+    finished: Sequence[int] = (),
     returning: bool = True,
     now: dt.datetime | None = None,
 ) -> list[Job]:
@@ -381,11 +405,16 @@ def enqueue(
         keys: What to sync.
         claimed_by: Give the jobs to this processor token at birth (leased for ``lease``
             seconds), for a process that syncs them right after its commit. Keys another
-            processor holds a live lease on are born unclaimed instead. Use it only where
-            writers are serialized (SQLite).
+            processor holds a live lease on are born unclaimed instead. Only where no
+            concurrent transaction can lease a row's job unseen: SQLite (one writer at a
+            time), and PostgreSQL in ``READ COMMITTED`` (the default), where the rows'
+            advisory locks are taken first (see :func:`_birth_locks`); in a transaction that
+            reads an older snapshot the jobs are born unclaimed, held for ``hold``.
         lease: Seconds the birth lease lasts.
         hold: Seconds before unclaimed jobs are due for workers: the committing process claims
             them by id meanwhile (:func:`claim` with ``ids``), a worker only if it does not.
+        finished: Jobs ``claimed_by`` finished and has not deleted yet: their leases hold no
+            row back.
         returning: Return the jobs (``False``: nothing; where the keys go as one JSON array
             their ids come back anyway, elsewhere the insert skips ``RETURNING``).
         now: The current time (tests).
@@ -394,13 +423,22 @@ def enqueue(
     if not rows:
         return []
     now = now or utcnow()
-    busy, present = _row_jobs(conn, rows, now=now) if claimed_by else (set(), set())
+    if claimed_by and conn.dialect.name == "postgresql" and not _birth_locks(conn, rows):
+        claimed_by = None  # an older snapshot: the commit's process claims them by id
+    form = _list_form(conn, (key.pk for key in rows))
+    if claimed_by and form is not None:  # the leases looked at by the insert itself
+        born = _insert_born(conn, form, rows, claimed_by, now + _seconds(lease), now, finished)
+        return born if returning else []
+    busy, present = (
+        _row_jobs(conn, rows, now=now, token=claimed_by, finished=finished)
+        if claimed_by
+        else (set(), set())
+    )
     free_at = now + _seconds(lease if claimed_by else hold)
     values = [  # a key behind a live lease: unclaimed and due at once, for whoever holds it next
         _values(key, now, now, None) if key in busy else _values(key, free_at, now, claimed_by)
         for key in rows
     ]
-    form = _list_form(conn, (key.pk for key in rows))
     if form is not None:
         made = _insert_each(conn, form, values)
     elif returning:
@@ -420,6 +458,40 @@ def enqueue(
         )
         for key, value in zip(rows, values, strict=True)
     ]
+
+
+def _insert_born(
+    conn: Connection,
+    form: str,
+    keys: Sequence[JobKey],
+    token: str,
+    until: dt.datetime,
+    now: dt.datetime,
+    finished: Sequence[int],
+) -> list[Job]:
+    """Insert the jobs of ``keys`` leased to ``token`` until ``until``, each but those of rows
+    another job holds a live lease on (born unclaimed and due at once, for whoever holds the
+    row next); one statement per column, which looks at the leases too."""
+    made: dict[JobKey, list[tuple[int, str | None, bool]]] = {}
+    for (table, column), pks in _key_groups(keys).items():
+        params = {
+            "table": table,
+            "column": column,
+            "pks": _list_param(pks, form),
+            "finished": _list_param(finished, form),
+            "token": token,
+            "until": until,
+            "now": now,
+        }
+        for i, pk, owner, present in conn.execute(_born_statement(form), params):
+            made.setdefault(JobKey(table, column, pk), []).append((int(i), owner, bool(present)))
+    for born in made.values():  # a key given twice: its jobs in the order given
+        born.sort(reverse=True)
+    jobs = []
+    for key in keys:
+        i, owner, present = made[key].pop()
+        jobs.append(Job(i, key, claimed_by=owner, alone=owner is not None and not present))
+    return jobs
 
 
 def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) -> dict[str, Any]:
@@ -486,10 +558,15 @@ def _of_rows(
     statement: dict[str | None, Select[Any]],
     keys: Iterable[JobKey],
     now: dt.datetime,
+    lists: Mapping[str, Sequence[Any]] | None = None,
+    **values: Any,
 ) -> Iterator[tuple[str, str, Any]]:
-    """``statement``'s rows for the jobs of ``keys``, each with its table and column."""
+    """``statement``'s rows for the jobs of ``keys``, each with its table and column (and the
+    statement's other parameters: list parameters ``lists``, plain ``values``)."""
     for form, params in _by_rows(conn, set(keys)):
-        rows = conn.execute(statement[form], {**params, "now": now}).all()  # no cursor left open
+        params.update(values, now=now)
+        params.update((name, _list_param(v, form)) for name, v in (lists or {}).items())
+        rows = conn.execute(statement[form], params).all()  # no cursor left open
         for row in rows:
             yield params["table"], params["column"], row
 
@@ -523,14 +600,112 @@ def _leased_keys(
     }
 
 
+@functools.cache
+def _born_statement(form: str) -> Any:
+    """The insert of :func:`_insert_born` for a JSON list form: each key's job leased to the
+    ``token`` parameter unless a live lease holds its row (one of the ``finished`` jobs of
+    that token holds none); it returns each job's id, key, owner and whether its row had
+    another job (:attr:`Job.alone`)."""
+    keys = _json_values("pks", form)
+    pk = cast(keys.c.value, Text)
+    other = outbox.alias("held")
+    # the keys' rows held by a live lease, found from the keys through the row index (as a
+    # correlated EXISTS, PostgreSQL hashed every job of the column once instead)
+    held = pk.in_(select(other.c.row_pk).where(*_of_rows_where(form, other), _holding(form, other)))
+    looked = select(pk.label("pk"), held.label("held")).select_from(keys).subquery("looked")
+    now = bindparam("now", type_=outbox.c.created_at.type)
+    until = bindparam("until", type_=outbox.c.next_attempt_at.type)
+    token = bindparam("token", type_=outbox.c.claimed_by.type)
+    jobs = select(
+        bindparam("table", type_=outbox.c.table_name.type),
+        bindparam("column", type_=outbox.c.column_name.type),
+        looked.c.pk,
+        *(literal(value, outbox.c[name].type) for name, value in _FRESH.items()),
+        case((looked.c.held, now), else_=until),
+        now,
+        case((looked.c.held, null()), else_=token),
+    )
+    # whether the row had another job: in RETURNING, where no dialect correlates a subquery
+    # (SQLite names the returned columns bare), so the inserted row is named in full
+    other = outbox.alias("present")
+    inserted = functools.partial(literal_column, type_=Text)
+    present = (
+        select(literal(1))
+        .select_from(other)
+        .where(
+            *(
+                inserted(f"present.{name}") == inserted(f"{outbox.name}.{name}")
+                for name in ("table_name", "column_name", "row_pk")
+            ),
+            inserted("present.id") != inserted(f"{outbox.name}.id"),
+        )
+        .exists()
+    )
+    return (
+        insert(outbox)
+        .from_select(
+            [
+                "table_name",
+                "column_name",
+                "row_pk",
+                *_FRESH,
+                "next_attempt_at",
+                "created_at",
+                "claimed_by",
+            ],
+            jobs,
+        )
+        .returning(outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, present.label("present"))
+    )
+
+
+_KEY_SEP = literal("\x1f", Text)
+"""Between the table, the column and the key in the name of a row's advisory lock (the name
+every version of the library hashes: processes of two versions exclude each other)."""
+
+
+def _birth_locks_query() -> Select[Any]:
+    keys = func.unnest(bindparam("pks", type_=ARRAY(Text))).table_valued("value").render_derived()
+    row = bindparam("table", type_=Text) + _KEY_SEP + bindparam("column", type_=Text) + _KEY_SEP
+    lock = func.pg_advisory_xact_lock(func.hashtextextended(row + keys.c.value, 0))
+    isolation = func.current_setting("transaction_isolation")
+    return select(lock, isolation).select_from(keys).order_by(keys.c.value)
+
+
+_BIRTH_LOCKS = _birth_locks_query()
+
+
+def _birth_locks(conn: Connection, keys: Sequence[JobKey]) -> bool:
+    """PostgreSQL: take the advisory lock of each row of ``keys`` (the one a claim tries, see
+    :func:`_claimed`) until the transaction ends, in a fixed order; whether the transaction
+    reads what commits after its first statement (``READ COMMITTED``), so that a look at the
+    rows' leases made after the locks sees every lease (a claim's lease commits before it
+    releases its lock; a claim that comes later skips the rows: it only tries the lock).
+
+    False where the jobs cannot be born leased: an older snapshot (``REPEATABLE READ``,
+    ``SERIALIZABLE``)."""
+    levels: set[str] = set()
+    for (table, column), pks in _key_groups(keys).items():
+        params = {"table": table, "column": column, "pks": pks}
+        levels.update(level for _, level in conn.execute(_BIRTH_LOCKS, params))
+    return levels <= {"read committed", "read uncommitted"}
+
+
 def _row_jobs(
-    conn: Connection, keys: Iterable[JobKey], *, now: dt.datetime
+    conn: Connection,
+    keys: Iterable[JobKey],
+    *,
+    now: dt.datetime,
+    token: str,
+    finished: Sequence[int] = (),
 ) -> tuple[set[JobKey], set[JobKey]]:
-    """The keys with a live lease on one of their jobs (as :func:`_leased_keys`), and the keys
-    with any job at all, in one statement."""
+    """The keys with a live lease on one of their jobs (as :func:`_leased_keys`, not counting
+    the ``finished`` jobs ``token`` holds), and the keys with any job at all, in one
+    statement."""
     busy: set[JobKey] = set()
     present: set[JobKey] = set()
-    for table, column, (pk, leased) in _of_rows(conn, _WITH_JOBS, keys, now):
+    lists = {"finished": finished}
+    for table, column, (pk, leased) in _of_rows(conn, _WITH_JOBS, keys, now, lists, token=token):
         key = JobKey(table, column, pk)
         present.add(key)
         if leased:
@@ -652,11 +827,6 @@ def _of_its_row(name: str, where: Callable[[Any], list[ColumnElement[bool]]]) ->
         )
         .exists()
     )
-
-
-_KEY_SEP = literal("\x1f", Text)
-"""Between the table, the column and the key in the name of a row's advisory lock (the name
-every version of the library hashes: processes of two versions exclude each other)."""
 
 
 def _lease_free(form: str | None) -> Any:

@@ -17,8 +17,9 @@ A :class:`Processor` pass over one database:
    the points of rows whose job was dead-lettered, so the store holds only current text.
 
 An inline commit's jobs that all succeeded may be settled later instead (``defer=True``, see
-:class:`DeferredSettle`): the next commit on the same database deletes them in its own
-transaction (no transaction of their own), else a timer does a moment later. Until then they
+:class:`DeferredSettle`): on SQLite the next commit on the same database deletes them in its
+own transaction (no transaction of their own), else (and elsewhere) a timer does a moment
+later, in one transaction for all the commits meanwhile. Until then they
 stay leased to this processor, so no one else syncs those rows again; if the process dies
 first, the leases expire and a later pass syncs the rows once more (it finds them up to date).
 
@@ -349,12 +350,13 @@ class DeferredSettle:
     """Finished jobs of inline commits, deleted later and together (see the module docstring).
 
     A commit's jobs are synced right after it; deleting them takes another write transaction
-    (on SQLite, another commit to disk). Instead they wait here, still leased: the next flush of
-    an installed session on the same database deletes them in its own transaction
+    (another commit to disk). Instead they wait here, still leased: on SQLite the next flush
+    of an installed session on the same database deletes them in its own transaction
     (:meth:`carry`, given back with :meth:`give_back` if that transaction does not commit), and
     a timer deletes what has waited :data:`SETTLE_DELAY` seconds (:meth:`flush`, in one short
-    transaction per database). In a steady stream of commits each flush takes the last
-    commit's jobs before they are due, so the timer never needs a transaction of its own.
+    transaction per database). In a steady stream of SQLite commits each flush takes the last
+    commit's jobs before they are due, so the timer never needs a transaction of its own;
+    elsewhere the timer settles the jobs of all the commits of its delay together.
 
     Args:
         processor: Whose jobs these are (its token holds their leases).
@@ -436,13 +438,17 @@ class DeferredSettle:
             return self._jobs.pop(engine, [])
 
     def carry(self, conn: Connection) -> tuple[list[Job], list[JobKey]]:
-        """Delete the waiting jobs of ``conn``'s database in its open transaction.
+        """Delete the waiting jobs of ``conn``'s database in its open transaction (SQLite's;
+        elsewhere they wait for the timer: a statement that fails there would abort the
+        caller's transaction, and a lock it waits for would hold the caller's commit).
 
         Returns:
             The jobs deleted (to :meth:`give_back` if the transaction does not commit) and the
             keys whose lease was lost (the caller queues them again in the same transaction).
             Never raises: on an error the jobs wait for the timer.
         """
+        if conn.dialect.name != "sqlite":
+            return [], []
         engine = conn.engine
         jobs = self.take(engine)
         if not jobs:

@@ -148,8 +148,11 @@ class StagingHooks:
         born_leased: The token to lease a connection's new jobs to at birth, or ``None``.
         lease: Seconds a birth lease lasts.
         carry: Called, where new jobs are born leased, with the connection of a flush (a
-            savepoint's too): deletes the finished jobs of earlier commits in its transaction;
-            returns them and the keys to queue again (their lease was lost).
+            savepoint's too): deletes the finished jobs of earlier commits in its transaction
+            (where that is safe); returns them and the keys to queue again (their lease was
+            lost).
+        finished: The ids of this process's finished jobs not deleted yet in a connection's
+            database (their leases hold no row back from a birth lease).
         restore: Called with the jobs ``carry`` deleted in a transaction that did not commit,
             once its root transaction has ended (a root still holds the database after a
             savepoint rolls back).
@@ -168,6 +171,7 @@ class StagingHooks:
     born_leased: Callable[[Connection], str | None]
     lease: float
     carry: Callable[[Connection], tuple[list[Job], list[JobKey]]]
+    finished: Callable[[Connection], list[int]]
     restore: Callable[[Engine, list[Job]], None]
     hold: Callable[[Connection], float]
     on_commit: Callable[[Engine, Staged], None]
@@ -420,6 +424,7 @@ class SessionTracker:
             claimed_by=token,
             lease=self.hooks.lease,
             hold=hold,
+            finished=self.hooks.finished(conn) if token is not None else (),
             returning=bool(token or hold),  # ids only matter to an inline sync
         )
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())

@@ -9,6 +9,7 @@ import datetime as dt
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -83,12 +84,14 @@ def test_enqueue_stores_every_key_as_given_whatever_its_characters(tables: Engin
         assert outbox.as_utc(row["created_at"]) == now
     with tables.connect() as conn:
         as_json = outbox._list_form(conn) is not None
-    if as_json:  # the lookup of the keys' jobs, then one insert each for article leased,
-        # article behind "other", note: every list as one JSON array
+    if as_json:  # one insert a column, which looks at the leases too: every list as one
+        # JSON array (PostgreSQL takes the rows' advisory locks first, a statement a column)
         reader = {"sqlite": "json_each", "postgresql": "json_array_elements_text"}
         inserts = [s for s in statements if s.startswith("INSERT")]
-        assert len(inserts) == 3 and len(statements) == 5  # (two lookups: two columns)
-        assert all(reader[tables.dialect.name] in s for s in statements)
+        locks = [s for s in statements if "pg_advisory_xact_lock" in s]
+        assert len(inserts) == 2 and all(reader[tables.dialect.name] in s for s in inserts)
+        assert len(locks) == (2 if tables.dialect.name == "postgresql" else 0)
+        assert len(statements) == len(inserts) + len(locks)
     if tables.dialect.name == "sqlite":  # a NUL in a key (json_each would end it there)
         nul = [JobKey("article", "content", "a\x00b"), JobKey("article", "content", "a")]
         with tables.begin() as conn:
@@ -174,6 +177,79 @@ def test_two_claimers_never_take_one_rows_jobs_at_once(tables: Engine) -> None:
                 assert outbox.claim(b, token="b", lease=60, limit=10, ids=[second.id]) == []
         with b.begin():
             assert outbox.claim(b, token="b", lease=60, limit=10, ids=[second.id]) == []
+
+
+def test_a_birth_lease_waits_for_an_open_claim_and_an_open_birth_keeps_claims_off(
+    tables: Engine,
+) -> None:
+    """PostgreSQL: a job born leased takes its row's advisory lock (until its transaction
+    ends) before it looks at the row's leases. A claim of the row's older job while the birth
+    is open takes nothing; a birth while a claim of the row is open waits for that claim to
+    commit, then sees its lease and is born unclaimed (due at once, for whoever holds the row
+    next)."""
+    if tables.dialect.name != "postgresql":
+        pytest.skip("concurrent births and claims: PostgreSQL (SQLite has one writer at a time)")
+    with tables.begin() as conn:
+        (older,) = outbox.enqueue(conn, [K1])  # e.g. a worker's job, due at once
+    with tables.connect() as user, tables.connect() as worker:
+        with user.begin():
+            (born,) = outbox.enqueue(user, [K1], claimed_by="me", lease=60)
+            assert born.claimed_by == "me" and not born.alone  # the older job is there
+            with worker.begin():
+                assert outbox.claim(worker, token="w", lease=60, limit=10) == []
+    with tables.begin() as conn:  # back to the start: the older job alone, due
+        conn.execute(outbox.outbox.delete().where(outbox.outbox.c.id == born.id))
+    births: list[outbox.Job] = []
+    with tables.connect() as user, tables.connect() as worker:
+        with worker.begin():
+            (taken,) = outbox.claim(worker, token="w", lease=60, limit=10)
+            assert taken.id == older.id
+
+            def birth() -> None:
+                with user.begin():
+                    births.extend(outbox.enqueue(user, [K1, K2], claimed_by="me", lease=60))
+
+            thread = threading.Thread(target=birth)
+            thread.start()
+            thread.join(0.5)
+            assert thread.is_alive()  # waiting for the claim's lock on K1's row
+        thread.join(10)
+    assert [(job.key, job.claimed_by) for job in births] == [(K1, None), (K2, "me")]
+    assert [(job.alone, job.key) for job in births] == [(False, K1), (True, K2)]
+
+
+def test_a_birth_in_an_older_snapshot_is_left_for_a_claim(tables: Engine) -> None:
+    """PostgreSQL in REPEATABLE READ or SERIALIZABLE: a transaction sees the leases of its
+    first statement's time, not the ones committed while it waited for the rows' locks, so
+    its jobs are born unclaimed, held back from workers for ``hold`` (the committing process
+    claims them by id)."""
+    if tables.dialect.name != "postgresql":
+        pytest.skip("isolation levels that read an older snapshot: PostgreSQL")
+    now = outbox.utcnow()
+    for level in ("REPEATABLE READ", "SERIALIZABLE"):
+        with tables.connect().execution_options(isolation_level=level) as conn, conn.begin():
+            (job,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, hold=30, now=now)
+            assert job.claimed_by is None
+        (row,) = [j for j in jobs(tables) if j["id"] == job.id]
+        assert row["claimed_by"] is None
+        assert outbox.as_utc(row["next_attempt_at"]) == now + dt.timedelta(seconds=30)
+
+
+def test_a_birth_passes_its_own_finished_jobs_only(tables: Engine) -> None:
+    """A finished job that waits to be deleted still holds its lease; a birth of the same
+    processor does not count it (its ``finished`` ids), but a live lease of another processor
+    on one of those ids holds the row all the same (its lease expired and was taken)."""
+    with tables.begin() as conn:
+        (done,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60)
+        (again,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, finished=[done.id])
+        assert again.claimed_by == "me" and not again.alone
+        (busy,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, finished=[done.id])
+        assert busy.claimed_by == "me"
+        conn.execute(
+            outbox.outbox.update().where(outbox.outbox.c.id == busy.id).values(claimed_by="other")
+        )
+        (held,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, finished=[busy.id])
+        assert held.claimed_by is None
 
 
 def test_settling_supersedes_older_jobs_and_clears_dead_ones(tables: Engine) -> None:

@@ -357,7 +357,7 @@ def test_an_inline_commits_finished_jobs_go_with_the_next_commit_or_a_moment_lat
     """On SQLite a commit's synced jobs are not deleted by a transaction of their own: the next
     flush deletes them in its transaction (undone with it on a rollback), else a timer does."""
     if tables.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+        pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
     idx, factory = installed()
     idx.processor.later.delay = 60.0  # no timer inside this test
     first, second = "first text about rivers", "second text about lakes"
@@ -395,7 +395,7 @@ def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_ow
     """Each commit's flush deletes the last one's finished jobs; the timer only settles what
     waited its whole delay: the last commit's jobs, once the stream stops."""
     if tables.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+        pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
     idx, factory = installed()
     later = idx.processor.later
     later.delay = 0.8  # far above a commit's time, even on a loaded CI machine
@@ -428,7 +428,7 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     """Every flush takes the waiting jobs into its transaction and every rollback gives them
     back: they keep their age, so the timer settles them (they do not wait for their lease)."""
     if tables.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+        pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
     idx, factory = installed()
     idx.processor.later.delay = 1.0  # the job waits for it before the loop starts
     with factory() as s:
@@ -455,7 +455,7 @@ def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_
     and gives the job back once the transaction has ended (not before: it holds the database);
     it is settled later all the same."""
     if tables.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL commits claim and settle their jobs themselves (no born leases)")
+        pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
     idx, factory = installed()
     later = idx.processor.later
     later.delay = 60.0  # no timer: only flushes (and settle()) take the job
@@ -511,8 +511,6 @@ def test_a_forked_process_has_its_own_token_and_none_of_its_parents_finished_job
     its own pid (what finds a dead process's leases), and it never settles, at exit or
     otherwise, the finished jobs its parent still holds (as its own they would be lost and
     queued again; under the parent's token, deleted behind its back)."""
-    if tables.dialect.name != "sqlite":
-        pytest.skip("born-leased jobs wait to be deleted on SQLite only")
     idx, factory = installed()
     idx.processor.later.delay = 60.0
     with factory() as s:
@@ -581,10 +579,7 @@ def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_ba
         rows[1].content = "row 2 is about lakes now"  # loaded: no SELECT of the session's
         s.add(Article(id=4, title="t", content=None))
         s.commit()
-    if tables.dialect.name == "sqlite":
-        assert seen == []  # neither commit read its rows back
-    else:  # jobs are claimed after the commit there: another pass may have synced a newer value
-        assert len(seen) == 2
+    assert seen == []  # neither commit read its rows back
     assert [p["end_offset"] for p in points_of(idx, 2)] == [len("row 2 is about lakes now")]
     assert assert_index_matches_database(tables, idx.store) == 3
 
@@ -594,8 +589,6 @@ def test_what_a_flush_wrote_is_trusted_for_half_the_birth_lease(
 ) -> None:
     """A transaction that commits long after its flush is read back: its jobs' leases may have
     run out meanwhile, and another pass may have synced a newer value."""
-    if tables.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL commits claim their jobs: every row is read")
     idx, factory = installed(lease=2.0)  # trusted for 1 s: far above a flush-to-commit stall
     with reads_of(tables, "article") as seen:
         for i, wait in ((1, 0.0), (2, 1.3)):
@@ -622,8 +615,8 @@ def test_rows_the_database_or_a_later_statement_changed_are_read_back(
     with reads_of(tables, "article") as seen:
 
         def read_back(expected: bool) -> None:
-            """Whether the last commit read its articles back (PostgreSQL always does)."""
-            assert bool(seen) == (expected or tables.dialect.name != "sqlite")
+            """Whether the last commit read its articles back."""
+            assert bool(seen) == expected
             assert_index_matches_database(tables, idx.store)
             assert_index_matches_database(tables, idx.store, Comment, "body", "comment__body")
             seen.clear()  # the check's own SELECT too
@@ -729,8 +722,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
     assert b"synced" in done.stdout
     left = jobs(tables)
-    if tables.dialect.name == "sqlite":  # born leased, synced, not deleted yet
-        assert len(left) == 3 and all(j["claimed_by"] for j in left)
+    assert len(left) == 3 and all(j["claimed_by"] for j in left)  # synced, not deleted yet
     store = EdgeStore(vectors)
     assert store.count(COLL) == 3
     idx = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
@@ -943,6 +935,7 @@ def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
         assert idx.store.count(COLL) == 1
         art.content = "now this row is POISON"
         s.commit()
+        idx.settle()  # the first commit's finished job (it waits a moment to be deleted)
         (dead,) = jobs(engine)
         assert dead["dead"]
         assert payloads(idx.store, 1) == []  # the old text's points are gone

@@ -27,10 +27,11 @@ The save path, one module per step:
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
    :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
    Jobs that failed are retried in the background after later commits, by a worker, or by
-   :meth:`SemanticIndex.drain`. A sync commit's jobs are born leased to the index on SQLite
-   and on PostgreSQL (no claim transaction), and its finished jobs deleted a moment later, by
-   the next commit's transaction on SQLite, else by a timer for all the commits meanwhile
-   (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction of their own;
+   :meth:`SemanticIndex.drain`. A commit's jobs are born leased to the index on SQLite and
+   on PostgreSQL (no claim transaction); a sync session's finished jobs are deleted a moment
+   later, by the next commit's transaction on SQLite, else by a timer for all the commits
+   meanwhile (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction
+   of their own;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 
@@ -90,10 +91,14 @@ _installed: weakref.WeakKeyDictionary[Any, SemanticIndex] = weakref.WeakKeyDicti
 _installed_lock = RenewedLock()
 _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's creation
 INLINE_HOLD = 30.0
-"""Seconds an inline commit's jobs are kept from workers while the committing process syncs
-them (after a crash, workers take them once this has passed)."""
+"""Seconds an inline commit's jobs that are not born leased to it (other databases, a
+PostgreSQL transaction that reads an older snapshot) are kept from workers while the
+committing process claims and syncs them (after a crash, workers take them once this has
+passed)."""
 _BORN_LEASED = ("sqlite", "postgresql")
 """Databases where an inline commit's jobs are born leased to the committing process."""
+_LEASE_MARGIN = 5.0
+"""Seconds before its end a lease is no longer counted on (clocks, a slow statement)."""
 
 
 def _new_token() -> str:
@@ -529,8 +534,14 @@ class SemanticIndex:
         return None
 
     def _finished(self, conn: Connection) -> list[int]:
-        """This index's synced jobs in ``conn``'s database that wait to be deleted."""
-        return [job.id for job in self.processor.later.waiting(conn.engine)]
+        """This index's synced jobs in ``conn``'s database that wait to be deleted, while their
+        birth leases hold (one that ran out may have been claimed again, even by this index)."""
+        live = time.monotonic() + _LEASE_MARGIN
+        return [
+            job.id
+            for job in self.processor.later.waiting(conn.engine)
+            if job.lease_end is not None and job.lease_end > live
+        ]
 
     def _hold(self, conn: Connection) -> float:
         """Jobs of an inline commit elsewhere wait a moment for this process to claim them."""
@@ -666,9 +677,10 @@ class SemanticIndex:
     def settle(self, bind: Any = None) -> None:
         """Delete the finished jobs of this process's inline commits now (``bind``'s, or all).
 
-        On SQLite a commit's synced jobs are deleted by the next commit's transaction or a
-        moment later (:class:`~semantic_orm.processing.DeferredSettle`); until then they hold
-        their rows' leases. :meth:`drain`, :meth:`close`, :meth:`uninstall` and the maintenance
+        A commit's synced jobs are deleted a moment later, on SQLite by the next commit's
+        transaction, else (and elsewhere) by a timer
+        (:class:`~semantic_orm.processing.DeferredSettle`); until then they hold their rows'
+        leases. :meth:`drain`, :meth:`close`, :meth:`uninstall` and the maintenance
         functions settle first, so that they see the outbox as it is.
         """
         self.processor.later.flush(None if bind is None else self.engine_for(bind))

@@ -46,6 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -207,11 +208,14 @@ class Job:
     failures: int = 0
     claimed_by: str | None = None
     alone: bool = False
-    """Its row had no other job when it was born leased (:func:`enqueue`) or no older
-    one when it was claimed (:func:`claim`): it supersedes none, so settling it looks for none.
-    Sound where ids only grow while the job lives; elsewhere (a PostgreSQL transaction that
-    took a smaller id commits later) that older job is left to be synced once more, never
-    lost."""
+    """Its row had no other job when it was born leased (:func:`enqueue`; a key given twice
+    in one call may say so of both) or no older one when it was claimed (:func:`claim`): it
+    supersedes none, so settling it looks for none. Sound where ids only grow while the job
+    lives; elsewhere (a PostgreSQL transaction that took a smaller id commits later) that
+    older job is left to be synced once more, never lost."""
+    lease_end: float | None = None
+    """When its birth lease ends (``time.monotonic()``), where the committing process keeps
+    it (:class:`~semantic_orm.staging.SessionTracker`)."""
 
 
 _COLUMNS = (
@@ -311,12 +315,12 @@ _LIVE_LEASE = _live_lease()
 
 def _holding(form: str | None, table: Any = outbox) -> ColumnElement[bool]:
     """A job of ``table`` (the outbox or an alias of it) holding its row for a new job born
-    leased to the ``token`` parameter: a live lease, unless it is one of the ``finished`` jobs
-    of that token (the list parameter), which only wait to be deleted."""
+    leased to the ``token`` parameter: a live lease, unless it is one of the jobs of that
+    token in the list parameter ``ours`` (see :func:`enqueue`)."""
     return and_(
         _live_lease(table),
         ~and_(
-            _one_of(table.c.id, "finished", form),
+            _one_of(table.c.id, "ours", form),
             table.c.claimed_by == bindparam("token", type_=outbox.c.claimed_by.type),
         ),
     )
@@ -391,14 +395,16 @@ def enqueue(
     claimed_by: str | None = None,
     lease: float = 0.0,
     hold: float = 0.0,
-    finished: Sequence[int] = (),
+    ours: Sequence[int] = (),
     returning: bool = True,
     now: dt.datetime | None = None,
 ) -> list[Job]:
     """Insert one job per key on ``conn`` (in its transaction); return the jobs.
 
-    One statement per column and lease state, the keys as one JSON array where the database
-    reads one (:func:`_list_form`); elsewhere batches of nine parameters a job.
+    One statement per column (born leased: the insert looks at the rows' leases too; on
+    PostgreSQL after one that takes the rows' locks) or, elsewhere, per column and lease state,
+    the keys as one JSON array where the database reads one (:func:`_list_form`); elsewhere
+    batches of nine parameters a job.
 
     Args:
         conn: The connection whose transaction the jobs belong to.
@@ -413,8 +419,9 @@ def enqueue(
         lease: Seconds the birth lease lasts.
         hold: Seconds before unclaimed jobs are due for workers: the committing process claims
             them by id meanwhile (:func:`claim` with ``ids``), a worker only if it does not.
-        finished: Jobs ``claimed_by`` finished and has not deleted yet: their leases hold no
-            row back.
+        ours: Jobs leased to ``claimed_by`` that hold no row back from these: the finished
+            ones it has not deleted yet, and those its transaction wrote already (synced in
+            the same pass).
         returning: Return the jobs (``False``: nothing; where the keys go as one JSON array
             their ids come back anyway, elsewhere the insert skips ``RETURNING``).
         now: The current time (tests).
@@ -427,10 +434,10 @@ def enqueue(
         claimed_by = None  # an older snapshot: the commit's process claims them by id
     form = _list_form(conn, (key.pk for key in rows))
     if claimed_by and form is not None:  # the leases looked at by the insert itself
-        born = _insert_born(conn, form, rows, claimed_by, now + _seconds(lease), now, finished)
+        born = _insert_born(conn, form, rows, claimed_by, now + _seconds(lease), now, ours)
         return born if returning else []
     busy, present = (
-        _row_jobs(conn, rows, now=now, token=claimed_by, finished=finished)
+        _row_jobs(conn, rows, now=now, token=claimed_by, ours=ours)
         if claimed_by
         else (set(), set())
     )
@@ -467,7 +474,7 @@ def _insert_born(
     token: str,
     until: dt.datetime,
     now: dt.datetime,
-    finished: Sequence[int],
+    ours: Sequence[int],
 ) -> list[Job]:
     """Insert the jobs of ``keys`` leased to ``token`` until ``until``, each but those of rows
     another job holds a live lease on (born unclaimed and due at once, for whoever holds the
@@ -478,7 +485,7 @@ def _insert_born(
             "table": table,
             "column": column,
             "pks": _list_param(pks, form),
-            "finished": _list_param(finished, form),
+            "ours": _list_param(ours, form),
             "token": token,
             "until": until,
             "now": now,
@@ -603,9 +610,8 @@ def _leased_keys(
 @functools.cache
 def _born_statement(form: str) -> Any:
     """The insert of :func:`_insert_born` for a JSON list form: each key's job leased to the
-    ``token`` parameter unless a live lease holds its row (one of the ``finished`` jobs of
-    that token holds none); it returns each job's id, key, owner and whether its row had
-    another job (:attr:`Job.alone`)."""
+    ``token`` parameter unless a live lease holds its row (see :func:`_holding`); it returns
+    each job's id, key, owner and whether its row had another job (:attr:`Job.alone`)."""
     keys = _json_values("pks", form)
     pk = cast(keys.c.value, Text)
     other = outbox.alias("held")
@@ -668,27 +674,51 @@ def _birth_locks_query() -> Select[Any]:
     keys = func.unnest(bindparam("pks", type_=ARRAY(Text))).table_valued("value").render_derived()
     row = bindparam("table", type_=Text) + _KEY_SEP + bindparam("column", type_=Text) + _KEY_SEP
     lock = func.pg_advisory_xact_lock(func.hashtextextended(row + keys.c.value, 0))
-    isolation = func.current_setting("transaction_isolation")
-    return select(lock, isolation).select_from(keys).order_by(keys.c.value)
+    reads_committed = func.current_setting("transaction_isolation").in_(_READS_COMMITTED)
+    return select(lock).select_from(keys).where(reads_committed).order_by(keys.c.value)
 
 
+_READS_COMMITTED = ("read committed", "read uncommitted")
+"""PostgreSQL's isolation levels whose statements see what committed before they started."""
 _BIRTH_LOCKS = _birth_locks_query()
+BIRTH_LOCKS = 256
+"""Most rows a PostgreSQL transaction's jobs are born leased for (each holds an advisory lock
+until the transaction ends, in the server's shared lock table); a bulk write's further jobs are
+born unclaimed and claimed after the commit."""
+_BIRTHS = "semantic_orm.births"
+"""Where a connection's ``info`` keeps its transaction's birth locks: the transaction (a weak
+reference), whether it reads committed, how many rows it locked."""
 
 
 def _birth_locks(conn: Connection, keys: Sequence[JobKey]) -> bool:
-    """PostgreSQL: take the advisory lock of each row of ``keys`` (the one a claim tries, see
-    :func:`_claimed`) until the transaction ends, in a fixed order; whether the transaction
-    reads what commits after its first statement (``READ COMMITTED``), so that a look at the
-    rows' leases made after the locks sees every lease (a claim's lease commits before it
-    releases its lock; a claim that comes later skips the rows: it only tries the lock).
+    """PostgreSQL: whether the jobs of ``keys`` can be born leased in ``conn``'s transaction,
+    having taken the advisory lock of each of their rows (the one a claim tries, see
+    :func:`_claimed`) until the transaction ends, in a fixed order.
 
-    False where the jobs cannot be born leased: an older snapshot (``REPEATABLE READ``,
-    ``SERIALIZABLE``)."""
-    levels: set[str] = set()
-    for (table, column), pks in _key_groups(keys).items():
+    Only in ``READ COMMITTED``, where a look at the rows' leases made after the locks sees every
+    lease (a claim's lease commits before it releases its lock; a claim that comes later skips
+    the rows: it only tries the lock); not in a transaction that reads an older snapshot
+    (``REPEATABLE READ``, ``SERIALIZABLE``: no lock is taken), past :data:`BIRTH_LOCKS` rows
+    in one transaction, or before PostgreSQL 11 (no ``hashtextextended``)."""
+    transaction = conn.get_transaction()
+    if transaction is None or (conn.dialect.server_version_info or (11,)) < (11,):
+        return False
+    held = conn.info.get(_BIRTHS)
+    if held is None or held[0]() is not transaction:
+        held = (weakref.ref(transaction), True, 0)
+    _, committed, count = held
+    groups = sorted(_key_groups(keys).items())
+    wanted = sum(len(pks) for _, pks in groups)
+    if not committed or count + wanted > BIRTH_LOCKS:
+        conn.info[_BIRTHS] = held
+        return False
+    for (table, column), pks in groups:
         params = {"table": table, "column": column, "pks": pks}
-        levels.update(level for _, level in conn.execute(_BIRTH_LOCKS, params))
-    return levels <= {"read committed", "read uncommitted"}
+        if len(conn.execute(_BIRTH_LOCKS, params).all()) < len(pks):  # an older snapshot
+            committed = False
+            break
+    conn.info[_BIRTHS] = (held[0], committed, count + wanted)
+    return committed
 
 
 def _row_jobs(
@@ -697,14 +727,13 @@ def _row_jobs(
     *,
     now: dt.datetime,
     token: str,
-    finished: Sequence[int] = (),
+    ours: Sequence[int] = (),
 ) -> tuple[set[JobKey], set[JobKey]]:
     """The keys with a live lease on one of their jobs (as :func:`_leased_keys`, not counting
-    the ``finished`` jobs ``token`` holds), and the keys with any job at all, in one
-    statement."""
+    the jobs ``ours`` of ``token``), and the keys with any job at all, in one statement."""
     busy: set[JobKey] = set()
     present: set[JobKey] = set()
-    lists = {"finished": finished}
+    lists = {"ours": ours}
     for table, column, (pk, leased) in _of_rows(conn, _WITH_JOBS, keys, now, lists, token=token):
         key = JobKey(table, column, pk)
         present.add(key)

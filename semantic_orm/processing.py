@@ -67,8 +67,10 @@ SWEEP = 60.0
 """Seconds between two looks for the leases of processes of this host that died."""
 
 SETTLE_DELAY = 0.25
-"""Seconds an inline commit's finished jobs wait for a later commit to delete them, before a
-timer deletes them in a transaction of its own."""
+"""Seconds an inline commit's finished jobs wait (on SQLite for a later commit to delete them)
+before a timer deletes them, in a transaction of its own for all that waited."""
+SETTLE_RETRY = 5.0
+"""Seconds before the timer tries again to delete finished jobs it could not delete."""
 
 Resolve = Callable[[str, str], ColumnBinding | None]
 """Maps a job's ``(table, column)`` to the binding that syncs it (``None``: not mapped here)."""
@@ -379,6 +381,7 @@ class DeferredSettle:
         self._lock = RenewedLock()
         self._timer: threading.Timer | None = None
         self._closed = False
+        self._failing: weakref.WeakSet[Engine] = weakref.WeakSet()  # warned, not settled since
         _deferred.add(self)
 
     def add(self, engine: Engine, jobs: Sequence[Job]) -> None:
@@ -478,13 +481,9 @@ class DeferredSettle:
                 self._keep(each, jobs)
                 continue
             except Exception as exc:
-                log.warning(
-                    "semantic_orm: could not settle %d finished jobs (%s); their rows are "
-                    "synced again when the leases expire",
-                    len(jobs),
-                    exc,
-                )
+                self._failed(each, jobs, exc)
                 continue
+            self._failing.discard(each)
             if lost:
                 self.requeued(each)
         with self._lock:  # nothing left to wait for: no timer either
@@ -494,9 +493,29 @@ class DeferredSettle:
         if timer is not None:
             timer.cancel()
 
+    def _failed(self, engine: Engine, jobs: list[Job], exc: Exception) -> None:
+        """Keep the jobs a settle could not delete, for another try in :data:`SETTLE_RETRY`
+        seconds while their birth leases hold (they still pass later births of their rows);
+        the others, and all once closed, are left to their leases: their rows are synced
+        again when the leases end. Warns once a streak of failures."""
+        now = time.monotonic()
+        live = [job for job in jobs if job.lease_end is not None and job.lease_end > now]
+        kept = bool(live) and not self._keep(engine, live, waited=-SETTLE_RETRY)
+        if engine in self._failing:
+            return
+        self._failing.add(engine)
+        log.warning(
+            "semantic_orm: could not settle %d finished jobs (%s); %s",
+            len(jobs),
+            exc,
+            f"trying again every {SETTLE_RETRY:.0f} s while their leases hold"
+            if kept
+            else "their rows are synced again when the leases expire",
+        )
+
     def _due(self) -> None:
         """Settle the databases whose oldest waiting job has waited :attr:`delay`; wait again
-        for the younger ones (the next commit's flush usually takes them first)."""
+        for the younger ones (on SQLite the next commit's flush usually takes them first)."""
         now = time.monotonic()
         with self._lock:
             self._timer = None
@@ -530,9 +549,10 @@ _deferred: weakref.WeakSet[DeferredSettle] = weakref.WeakSet()
 
 @atexit.register
 def _settle_at_exit() -> None:
-    """Settle the finished jobs still waiting when the interpreter exits (best effort)."""
+    """Settle the finished jobs still waiting when the interpreter exits (best effort: no timer
+    tries again)."""
     for deferred in list(_deferred):
-        deferred.flush()
+        deferred.close()
 
 
 _NO_WRITE = (

@@ -40,7 +40,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -152,7 +152,7 @@ class StagingHooks:
             (where that is safe); returns them and the keys to queue again (their lease was
             lost).
         finished: The ids of this process's finished jobs not deleted yet in a connection's
-            database (their leases hold no row back from a birth lease).
+            database whose birth leases still hold (they hold no row back from a birth).
         restore: Called with the jobs ``carry`` deleted in a transaction that did not commit,
             once its root transaction has ended (a root still holds the database after a
             savepoint rolls back).
@@ -424,16 +424,32 @@ class SessionTracker:
             claimed_by=token,
             lease=self.hooks.lease,
             hold=hold,
-            finished=self.hooks.finished(conn) if token is not None else (),
+            ours=self._ours(session, conn) if token is not None else (),
             returning=bool(token or hold),  # ids only matter to an inline sync
         )
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.carried.extend(carried)
         part.keys.update(keys)
         # the birth leases end ``lease`` s from now: trust what the flush wrote for half of it
-        part.note(keys, written or {}, time.monotonic() + self.hooks.lease / 2)
+        lease_end = time.monotonic() + self.hooks.lease
+        part.note(keys, written or {}, lease_end - self.hooks.lease / 2)
         part.ids.extend(job.id for job in jobs)
-        part.born.extend(job for job in jobs if token is not None and job.claimed_by == token)
+        part.born.extend(
+            replace(job, lease_end=lease_end)
+            for job in jobs
+            if token is not None and job.claimed_by == token
+        )
+
+    def _ours(self, session: Session, conn: Connection) -> list[int]:
+        """The jobs leased to this process that hold no row back from a birth on ``conn``: its
+        finished jobs not deleted yet, and those born earlier in this session's transaction
+        (synced in the same pass after its commit)."""
+        ours = self.hooks.finished(conn)
+        for parts in _staged(session).values():
+            part = parts.get(conn.engine)
+            if part is not None:
+                ours.extend(job.id for job in part.born)
+        return ours
 
     # -- statements --------------------------------------------------------------------------
 

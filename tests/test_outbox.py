@@ -222,17 +222,44 @@ def test_a_birth_in_an_older_snapshot_is_left_for_a_claim(tables: Engine) -> Non
     """PostgreSQL in REPEATABLE READ or SERIALIZABLE: a transaction sees the leases of its
     first statement's time, not the ones committed while it waited for the rows' locks, so
     its jobs are born unclaimed, held back from workers for ``hold`` (the committing process
-    claims them by id)."""
+    claims them by id), and it takes no lock."""
     if tables.dialect.name != "postgresql":
         pytest.skip("isolation levels that read an older snapshot: PostgreSQL")
     now = outbox.utcnow()
     for level in ("REPEATABLE READ", "SERIALIZABLE"):
         with tables.connect().execution_options(isolation_level=level) as conn, conn.begin():
             (job,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, hold=30, now=now)
-            assert job.claimed_by is None
+            assert job.claimed_by is None and advisory_locks(conn) == 0
         (row,) = [j for j in jobs(tables) if j["id"] == job.id]
         assert row["claimed_by"] is None
         assert outbox.as_utc(row["next_attempt_at"]) == now + dt.timedelta(seconds=30)
+
+
+def test_a_transaction_born_leases_jobs_for_a_bounded_number_of_rows(
+    tables: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: each row born leased holds an advisory lock until the transaction ends (in
+    the server's shared lock table, which a bulk write would fill): past ``BIRTH_LOCKS`` rows
+    in one transaction, its further jobs are born unclaimed, for a claim after the commit."""
+    if tables.dialect.name != "postgresql":
+        pytest.skip("advisory locks: PostgreSQL")
+    monkeypatch.setattr(outbox, "BIRTH_LOCKS", 3)
+    k3 = JobKey("article", "content", "3")
+    with tables.begin() as conn:
+        leased = outbox.enqueue(conn, [K1, K2], claimed_by="me", lease=60)
+        assert [j.claimed_by for j in leased] == ["me", "me"] and advisory_locks(conn) == 2
+        over = outbox.enqueue(conn, [k3, JobKey("note", "body", "1")], claimed_by="me", lease=60)
+        assert [j.claimed_by for j in over] == [None, None] and advisory_locks(conn) == 2
+    with tables.begin() as conn:  # a new transaction counts from zero
+        fresh = [JobKey("article", "content", str(pk)) for pk in (3, 4, 5)]
+        born = outbox.enqueue(conn, fresh, claimed_by="me", lease=60)
+        assert [j.claimed_by for j in born] == ["me"] * 3 and advisory_locks(conn) == 3
+
+
+def advisory_locks(conn: sa.Connection) -> int:
+    """The advisory locks ``conn``'s PostgreSQL backend holds."""
+    query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    return int(conn.exec_driver_sql(query).scalar_one())
 
 
 def test_a_birth_passes_its_own_finished_jobs_only(tables: Engine) -> None:
@@ -241,14 +268,14 @@ def test_a_birth_passes_its_own_finished_jobs_only(tables: Engine) -> None:
     on one of those ids holds the row all the same (its lease expired and was taken)."""
     with tables.begin() as conn:
         (done,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60)
-        (again,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, finished=[done.id])
+        (again,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, ours=[done.id])
         assert again.claimed_by == "me" and not again.alone
-        (busy,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, finished=[done.id])
+        (busy,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, ours=[done.id])
         assert busy.claimed_by == "me"
         conn.execute(
             outbox.outbox.update().where(outbox.outbox.c.id == busy.id).values(claimed_by="other")
         )
-        (held,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, finished=[busy.id])
+        (held,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, ours=[busy.id])
         assert held.claimed_by is None
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -563,6 +564,63 @@ class Clipping(SemanticSearchMixin, _Defaults):
     __tablename__ = "clipping"
     id: Mapped[int] = mapped_column(primary_key=True)
     content: Mapped[str | None] = mapped_column(Trimmed(chunk_size=200, overlap=40))
+
+
+def test_a_row_flushed_twice_in_one_transaction_is_synced_by_its_commit(
+    tables: Engine, installed: Any
+) -> None:
+    """The second flush of a row (autoflush) finds the first one's job leased to this index:
+    that lease holds nothing back (both are synced in one pass after the commit), so its job is
+    born leased too and the commit syncs the row at once (no job left for the retrier)."""
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0  # the finished jobs wait: the outbox shows them
+    last = "second text, about lakes"
+    with factory() as s:
+        art = Article(id=1, title="t", content="first text, about rivers")
+        s.add(art)
+        s.flush()
+        art.content = last
+        s.flush()
+        s.commit()
+    born = jobs(tables)
+    assert len(born) == 2 and all(j["claimed_by"] == idx.token for j in born)
+    assert [p["end_offset"] for p in points_of(idx, 1)] == [len(last)]
+    idx.settle()
+    assert jobs(tables) == []
+
+
+def test_finished_jobs_hold_no_row_while_their_lease_holds_and_outlive_a_failed_settle(
+    tables: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synced job waiting to be deleted passes a later birth of its row only while its own
+    birth lease holds (one that ran out may have been claimed again, even by this index); a
+    timer settle that fails keeps the jobs and tries again later, instead of leaving them to
+    hold their rows until their leases end."""
+    idx, factory = installed()
+    later = idx.processor.later
+    later.delay = 60.0
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    (waiting,) = later.waiting(tables)
+    assert waiting.lease_end is not None
+    with tables.connect() as conn:
+        assert idx._finished(conn) == [waiting.id]
+        later.take(tables)
+        later.add(tables, [replace(waiting, lease_end=time.monotonic() + 1.0)])  # ending
+        assert idx._finished(conn) == []
+    calls: list[int] = []
+
+    def broken(conn: Any, jobs: Any, token: str) -> Any:
+        calls.append(len(jobs))
+        raise sa.exc.OperationalError("DELETE", {}, Exception("the database went away"))
+
+    monkeypatch.setattr(processing, "_settle_done", broken)
+    later.flush(tables)
+    assert calls == [1] and [j.id for j in later.waiting(tables)] == [waiting.id]
+    monkeypatch.undo()
+    later.flush(tables)
+    assert later.waiting(tables) == [] and jobs(tables) == []
 
 
 def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_back(

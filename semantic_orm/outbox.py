@@ -360,26 +360,41 @@ _INSERT = insert(outbox).returning(
 )
 _FRESH = {"attempts": 0, "failures": 0, "dead": False}
 """What a new job starts with, besides its key, its due time, its creation time and owner."""
+_NEW_JOB = [
+    "table_name",
+    "column_name",
+    "row_pk",
+    *_FRESH,
+    "next_attempt_at",
+    "created_at",
+    "claimed_by",
+]
+"""The columns an insert of new jobs from a list of keys fills (see :func:`_new_jobs`)."""
+
+
+def _new_jobs(pk: Any, due: Any, owner: Any) -> Select[Any]:
+    """The values of :data:`_NEW_JOB` for new jobs of the rows ``pk`` of the parameters
+    ``table`` and ``column``, born at the parameter ``now``, due at ``due``, owned by
+    ``owner`` (a ``SELECT`` its caller gives a ``FROM``)."""
+    return select(
+        bindparam("table", type_=outbox.c.table_name.type),
+        bindparam("column", type_=outbox.c.column_name.type),
+        pk,
+        *(literal(value, outbox.c[name].type) for name, value in _FRESH.items()),
+        due,
+        bindparam("now", type_=outbox.c.created_at.type),
+        owner,
+    )
+
+
 # a batch of jobs of one column from one JSON array of keys (see _insert_each)
 _INSERT_EACH = {
     form: insert(outbox)
     .from_select(
-        [
-            "table_name",
-            "column_name",
-            "row_pk",
-            *_FRESH,
-            "next_attempt_at",
-            "created_at",
-            "claimed_by",
-        ],
-        select(
-            bindparam("table", type_=outbox.c.table_name.type),
-            bindparam("column", type_=outbox.c.column_name.type),
+        _NEW_JOB,
+        _new_jobs(
             cast(_json_values("pks", form).c.value, Text),
-            *(literal(value, outbox.c[name].type) for name, value in _FRESH.items()),
             bindparam("due", type_=outbox.c.next_attempt_at.type),
-            bindparam("now", type_=outbox.c.created_at.type),
             bindparam("token", type_=outbox.c.claimed_by.type),
         ),
     )
@@ -622,13 +637,9 @@ def _born_statement(form: str) -> Any:
     now = bindparam("now", type_=outbox.c.created_at.type)
     until = bindparam("until", type_=outbox.c.next_attempt_at.type)
     token = bindparam("token", type_=outbox.c.claimed_by.type)
-    jobs = select(
-        bindparam("table", type_=outbox.c.table_name.type),
-        bindparam("column", type_=outbox.c.column_name.type),
+    jobs = _new_jobs(
         looked.c.pk,
-        *(literal(value, outbox.c[name].type) for name, value in _FRESH.items()),
         case((looked.c.held, now), else_=until),
-        now,
         case((looked.c.held, null()), else_=token),
     )
     # whether the row had another job: in RETURNING, where no dialect correlates a subquery
@@ -649,18 +660,7 @@ def _born_statement(form: str) -> Any:
     )
     return (
         insert(outbox)
-        .from_select(
-            [
-                "table_name",
-                "column_name",
-                "row_pk",
-                *_FRESH,
-                "next_attempt_at",
-                "created_at",
-                "claimed_by",
-            ],
-            jobs,
-        )
+        .from_select(_NEW_JOB, jobs)
         .returning(outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, present.label("present"))
     )
 

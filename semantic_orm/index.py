@@ -27,8 +27,10 @@ The save path, one module per step:
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
    :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
    Jobs that failed are retried in the background after later commits, by a worker, or by
-   :meth:`SemanticIndex.drain`. A commit's jobs are born leased to the index on SQLite and
-   on PostgreSQL (no claim transaction); a sync session's finished jobs are deleted a moment
+   :meth:`SemanticIndex.drain`. An inline commit's jobs are born leased to the index on
+   SQLite and on PostgreSQL (in ``READ COMMITTED``, for a bounded number of rows a
+   transaction: see :func:`~semantic_orm.outbox.enqueue`), which then needs no claim
+   transaction; a sync session's finished jobs are deleted a moment
    later, by the next commit's transaction on SQLite, else by a timer for all the commits
    meanwhile (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction
    of their own;
@@ -59,7 +61,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -75,6 +77,7 @@ from .exc import ConfigurationError
 from .forking import RenewedLock, in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
+from .outbox import Job
 from .processing import Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
@@ -533,15 +536,16 @@ class SemanticIndex:
             return self.token
         return None
 
-    def _finished(self, conn: Connection) -> list[int]:
+    def _finished(self, conn: Connection) -> list[Job]:
         """This index's synced jobs in ``conn``'s database that wait to be deleted, while their
         birth leases hold (one that ran out may have been claimed again, even by this index)."""
-        live = time.monotonic() + _LEASE_MARGIN
-        return [
-            job.id
-            for job in self.processor.later.waiting(conn.engine)
-            if job.lease_end is not None and job.lease_end > live
-        ]
+        return [job for job in self.processor.later.waiting(conn.engine) if self._holds(job)]
+
+    def _holds(self, job: Job) -> bool:
+        """Whether ``job``'s birth lease holds for a while yet (a margin of a quarter of the
+        lease, at most :data:`_LEASE_MARGIN` s, for clocks and a slow statement)."""
+        margin = min(_LEASE_MARGIN, self.policy.lease / 4)
+        return job.lease_end is not None and job.lease_end > time.monotonic() + margin
 
     def _hold(self, conn: Connection) -> float:
         """Jobs of an inline commit elsewhere wait a moment for this process to claim them."""
@@ -602,13 +606,15 @@ class SemanticIndex:
     def _sync_commit(self, engine: Engine, staged: Staged) -> None:
         reports: list[ProcessReport] = []
         try:
-            if staged.born:  # deleted by the next commit or a moment later (see settle())
+            held = [job for job in staged.born if self._holds(job)]  # (a long transaction's
+            # may have run out: those are claimed like the others)
+            if held:  # deleted a moment later (see settle())
                 defer = not _shared_pool(engine)  # one connection: a timer would wait for it
                 born = self.processor.process(
-                    engine, claimed=staged.born, defer=defer, written=staged.known()
+                    engine, claimed=held, defer=defer, written=staged.known()
                 )
                 reports.append(born)
-            rest = _unborn(staged)
+            rest = _unborn(staged, held)
             if rest:
                 reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
         except Exception:
@@ -624,12 +630,11 @@ class SemanticIndex:
         aengine = self.async_engine(engine)
         reports: list[ProcessReport] = []
         try:
-            if staged.born:
-                born = await self.processor.aprocess(
-                    aengine, claimed=staged.born, written=staged.known()
-                )
+            held = [job for job in staged.born if self._holds(job)]
+            if held:
+                born = await self.processor.aprocess(aengine, claimed=held, written=staged.known())
                 reports.append(born)
-            rest = _unborn(staged)
+            rest = _unborn(staged, held)
             if rest:
                 reports.append(await self.processor.aprocess(aengine, ids=rest, limit=len(rest)))
         except Exception:
@@ -795,9 +800,10 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _unborn(staged: Staged) -> list[int]:
-    """The ids of a commit's jobs that were not born leased to this index."""
-    born = {job.id for job in staged.born}
+def _unborn(staged: Staged, held: Sequence[Job]) -> list[int]:
+    """The ids of a commit's jobs but those it holds (born leased to this index, their leases
+    holding yet)."""
+    born = {job.id for job in held}
     return [i for i in staged.ids if i not in born]
 
 

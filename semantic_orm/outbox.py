@@ -59,6 +59,7 @@ from sqlalchemy import (
     Column,
     Connection,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -428,9 +429,10 @@ def enqueue(
             seconds), for a process that syncs them right after its commit. Keys another
             processor holds a live lease on are born unclaimed instead. Only where no
             concurrent transaction can lease a row's job unseen: SQLite (one writer at a
-            time), and PostgreSQL in ``READ COMMITTED`` (the default), where the rows'
-            advisory locks are taken first (see :func:`_birth_locks`); in a transaction that
-            reads an older snapshot the jobs are born unclaimed, held for ``hold``.
+            time), and PostgreSQL in a ``READ COMMITTED`` transaction (the default), where the
+            rows' advisory locks are taken first, for a bounded number of rows (see
+            :func:`_birth_locks`); where that is refused the jobs are born unclaimed, held
+            for ``hold``.
         lease: Seconds the birth lease lasts.
         hold: Seconds before unclaimed jobs are due for workers: the committing process claims
             them by id meanwhile (:func:`claim` with ``ids``), a worker only if it does not.
@@ -675,16 +677,20 @@ def _birth_locks_query() -> Select[Any]:
     row = bindparam("table", type_=Text) + _KEY_SEP + bindparam("column", type_=Text) + _KEY_SEP
     lock = func.pg_advisory_xact_lock(func.hashtextextended(row + keys.c.value, 0))
     reads_committed = func.current_setting("transaction_isolation").in_(_READS_COMMITTED)
-    return select(lock).select_from(keys).where(reads_committed).order_by(keys.c.value)
+    budget = cast(func.current_setting("max_locks_per_transaction"), Integer)
+    within = bindparam("locked", type_=Integer) <= budget * bindparam("share", type_=Float)
+    return select(lock).select_from(keys).where(reads_committed, within).order_by(keys.c.value)
 
 
 _READS_COMMITTED = ("read committed", "read uncommitted")
 """PostgreSQL's isolation levels whose statements see what committed before they started."""
+BIRTH_LOCKS = 1.0
+"""Most rows a PostgreSQL transaction's jobs are born leased for, as a share of the server's
+``max_locks_per_transaction`` (64 by default): each holds an advisory lock until the
+transaction ends, in the shared lock table every session draws from, which the server sizes
+for that many locks a session. A bulk write's jobs are born unclaimed and claimed after the
+commit."""
 _BIRTH_LOCKS = _birth_locks_query()
-BIRTH_LOCKS = 256
-"""Most rows a PostgreSQL transaction's jobs are born leased for (each holds an advisory lock
-until the transaction ends, in the server's shared lock table); a bulk write's further jobs are
-born unclaimed and claimed after the commit."""
 _BIRTHS = "semantic_orm.births"
 """Where a connection's ``info`` keeps its transaction's birth locks: the transaction (a weak
 reference), whether it reads committed, how many rows it locked."""
@@ -695,30 +701,33 @@ def _birth_locks(conn: Connection, keys: Sequence[JobKey]) -> bool:
     having taken the advisory lock of each of their rows (the one a claim tries, see
     :func:`_claimed`) until the transaction ends, in a fixed order.
 
-    Only in ``READ COMMITTED``, where a look at the rows' leases made after the locks sees every
-    lease (a claim's lease commits before it releases its lock; a claim that comes later skips
-    the rows: it only tries the lock); not in a transaction that reads an older snapshot
-    (``REPEATABLE READ``, ``SERIALIZABLE``: no lock is taken), past :data:`BIRTH_LOCKS` rows
-    in one transaction, or before PostgreSQL 11 (no ``hashtextextended``)."""
+    Only in a transaction in ``READ COMMITTED``, where a look at the rows' leases made after the
+    locks sees every lease (a claim's lease commits before it releases its lock; a claim that
+    comes later skips the rows: it only tries the lock); not in one that reads an older
+    snapshot (``REPEATABLE READ``, ``SERIALIZABLE``) or none at all (``AUTOCOMMIT``: each lock
+    would end with its statement), nor past :data:`BIRTH_LOCKS` (no lock is taken then), nor
+    before PostgreSQL 11 (no ``hashtextextended``). Once refused, a transaction's later jobs
+    are born unclaimed too."""
     transaction = conn.get_transaction()
-    if transaction is None or (conn.dialect.server_version_info or (11,)) < (11,):
+    if (
+        transaction is None
+        or getattr(conn.connection.dbapi_connection, "autocommit", False)
+        or (conn.dialect.server_version_info or (11,)) < (11,)
+    ):
         return False
     held = conn.info.get(_BIRTHS)
     if held is None or held[0]() is not transaction:
-        held = (weakref.ref(transaction), True, 0)
-    _, committed, count = held
-    groups = sorted(_key_groups(keys).items())
-    wanted = sum(len(pks) for _, pks in groups)
-    if not committed or count + wanted > BIRTH_LOCKS:
-        conn.info[_BIRTHS] = held
-        return False
-    for (table, column), pks in groups:
-        params = {"table": table, "column": column, "pks": pks}
-        if len(conn.execute(_BIRTH_LOCKS, params).all()) < len(pks):  # an older snapshot
-            committed = False
+        held = (weakref.ref(transaction), 0)
+    count = held[1] + len(keys)  # the rows locked once these are
+    refused = held[1] < 0
+    for (table, column), pks in sorted(_key_groups(keys).items()):
+        if refused:
             break
-    conn.info[_BIRTHS] = (held[0], committed, count + wanted)
-    return committed
+        params: dict[str, Any] = {"table": table, "column": column, "pks": pks}
+        params.update(locked=count, share=BIRTH_LOCKS)
+        refused = len(conn.execute(_BIRTH_LOCKS, params).all()) < len(pks)
+    conn.info[_BIRTHS] = (held[0], -1 if refused else count)  # refused: from now on
+    return not refused
 
 
 def _row_jobs(

@@ -466,8 +466,9 @@ class DeferredSettle:
 
     def flush(self, engine: Engine | None = None) -> None:
         """Delete the waiting jobs now (``engine``'s, or every database's), each database's in
-        one short transaction. Never raises: jobs that cannot be settled keep their lease
-        until it expires, and a later pass syncs their rows again."""
+        one short transaction. Never raises: jobs that cannot be settled are tried again later
+        (:meth:`_failed`) or keep their lease until it expires, and a later pass syncs their
+        rows again."""
         with self._lock:
             engines = [engine] if engine is not None else list(self._jobs)
         for each in engines:
@@ -500,7 +501,7 @@ class DeferredSettle:
         again when the leases end. Warns once a streak of failures."""
         now = time.monotonic()
         live = [job for job in jobs if job.lease_end is not None and job.lease_end > now]
-        kept = bool(live) and not self._keep(engine, live, waited=-SETTLE_RETRY)
+        kept = bool(live) and not self._closed and not self._keep(engine, live, -SETTLE_RETRY)
         if engine in self._failing:
             return
         self._failing.add(engine)

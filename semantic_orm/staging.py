@@ -24,10 +24,11 @@ savepoint is released, vanish when it rolls back, and are handed over after the 
 once the transaction has ended and its connections are back in the pool. A session that joined
 a transaction it does not own (the test recipe that binds a session to an open connection) makes
 no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
-leased (SQLite), a transaction that writes jobs also deletes, through its hooks, the finished
-jobs of this process's earlier commits (whose leases would otherwise hold those rows), and hands
-them back if it, or the savepoint that deleted them, does not commit (once the root transaction
-has ended: until then it holds the database).
+leased (SQLite, PostgreSQL), the finished jobs of this process's earlier commits and the jobs
+born earlier in the same transaction hold no row back from a birth; on SQLite a transaction
+that writes jobs also deletes, through its hooks, those finished jobs, and hands them back if
+it, or the savepoint that deleted them, does not commit (once the root transaction has ended:
+until then it holds the database).
 Each flush also notes the text it wrote to each row where the session knows it
 (:attr:`Staged.written`), so that a commit syncing its born-leased jobs need not read them back;
 any other statement the session runs afterwards, or a deletion, makes every row of the
@@ -151,8 +152,8 @@ class StagingHooks:
             savepoint's too): deletes the finished jobs of earlier commits in its transaction
             (where that is safe); returns them and the keys to queue again (their lease was
             lost).
-        finished: The ids of this process's finished jobs not deleted yet in a connection's
-            database whose birth leases still hold (they hold no row back from a birth).
+        finished: This process's finished jobs not deleted yet in a connection's database
+            whose birth leases still hold (they hold no row back from a birth).
         restore: Called with the jobs ``carry`` deleted in a transaction that did not commit,
             once its root transaction has ended (a root still holds the database after a
             savepoint rolls back).
@@ -171,7 +172,7 @@ class StagingHooks:
     born_leased: Callable[[Connection], str | None]
     lease: float
     carry: Callable[[Connection], tuple[list[Job], list[JobKey]]]
-    finished: Callable[[Connection], list[int]]
+    finished: Callable[[Connection], list[Job]]
     restore: Callable[[Engine, list[Job]], None]
     hold: Callable[[Connection], float]
     on_commit: Callable[[Engine, Staged], None]
@@ -413,6 +414,7 @@ class SessionTracker:
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
+        lease_end = time.monotonic() + self.hooks.lease  # the database's is counted later
         carried: list[Job] = []
         if token is not None:  # earlier commits' finished jobs go too (given back on a rollback)
             carried, lost = self.hooks.carry(conn)
@@ -424,14 +426,13 @@ class SessionTracker:
             claimed_by=token,
             lease=self.hooks.lease,
             hold=hold,
-            ours=self._ours(session, conn) if token is not None else (),
+            ours=self._ours(session, conn, keys) if token is not None else (),
             returning=bool(token or hold),  # ids only matter to an inline sync
         )
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.carried.extend(carried)
         part.keys.update(keys)
         # the birth leases end ``lease`` s from now: trust what the flush wrote for half of it
-        lease_end = time.monotonic() + self.hooks.lease
         part.note(keys, written or {}, lease_end - self.hooks.lease / 2)
         part.ids.extend(job.id for job in jobs)
         part.born.extend(
@@ -440,16 +441,17 @@ class SessionTracker:
             if token is not None and job.claimed_by == token
         )
 
-    def _ours(self, session: Session, conn: Connection) -> list[int]:
-        """The jobs leased to this process that hold no row back from a birth on ``conn``: its
-        finished jobs not deleted yet, and those born earlier in this session's transaction
-        (synced in the same pass after its commit)."""
+    def _ours(self, session: Session, conn: Connection, keys: Sequence[JobKey]) -> list[int]:
+        """The jobs of ``keys`` leased to this process that hold no row back from their birth
+        on ``conn``: its finished jobs not deleted yet, and those born earlier in this
+        session's transaction (synced in the same pass after its commit)."""
+        wanted = set(keys)
         ours = self.hooks.finished(conn)
         for parts in _staged(session).values():
             part = parts.get(conn.engine)
             if part is not None:
-                ours.extend(job.id for job in part.born)
-        return ours
+                ours.extend(part.born)
+        return [job.id for job in ours if job.key in wanted]
 
     # -- statements --------------------------------------------------------------------------
 

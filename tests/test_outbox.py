@@ -239,17 +239,22 @@ def test_a_transaction_born_leases_jobs_for_a_bounded_number_of_rows(
     tables: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PostgreSQL: each row born leased holds an advisory lock until the transaction ends (in
-    the server's shared lock table, which a bulk write would fill): past ``BIRTH_LOCKS`` rows
-    in one transaction, its further jobs are born unclaimed, for a claim after the commit."""
+    the server's shared lock table, which a bulk write would fill): past ``BIRTH_LOCKS`` (a
+    share of ``max_locks_per_transaction``) rows in one transaction, it takes no more locks
+    and its further jobs are born unclaimed, for a claim after the commit."""
     if tables.dialect.name != "postgresql":
         pytest.skip("advisory locks: PostgreSQL")
-    monkeypatch.setattr(outbox, "BIRTH_LOCKS", 3)
+    with tables.connect() as conn:
+        budget = int(conn.exec_driver_sql("SHOW max_locks_per_transaction").scalar_one())
+    monkeypatch.setattr(outbox, "BIRTH_LOCKS", 3.5 / budget)  # three rows
     k3 = JobKey("article", "content", "3")
     with tables.begin() as conn:
         leased = outbox.enqueue(conn, [K1, K2], claimed_by="me", lease=60)
         assert [j.claimed_by for j in leased] == ["me", "me"] and advisory_locks(conn) == 2
         over = outbox.enqueue(conn, [k3, JobKey("note", "body", "1")], claimed_by="me", lease=60)
         assert [j.claimed_by for j in over] == [None, None] and advisory_locks(conn) == 2
+        (late,) = outbox.enqueue(conn, [JobKey("article", "content", "9")], claimed_by="me")
+        assert late.claimed_by is None and advisory_locks(conn) == 2  # refused from then on
     with tables.begin() as conn:  # a new transaction counts from zero
         fresh = [JobKey("article", "content", str(pk)) for pk in (3, 4, 5)]
         born = outbox.enqueue(conn, fresh, claimed_by="me", lease=60)
@@ -264,10 +269,12 @@ def advisory_locks(conn: sa.Connection) -> int:
 
 def test_a_birth_passes_its_own_finished_jobs_only(tables: Engine) -> None:
     """A finished job that waits to be deleted still holds its lease; a birth of the same
-    processor does not count it (its ``finished`` ids), but a live lease of another processor
+    processor does not count it (its ``ours`` ids), but a live lease of another processor
     on one of those ids holds the row all the same (its lease expired and was taken)."""
     with tables.begin() as conn:
         (done,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60)
+        (held,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60)
+        assert held.claimed_by is None  # a lease of its own processor holds it all the same
         (again,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, ours=[done.id])
         assert again.claimed_by == "me" and not again.alone
         (busy,) = outbox.enqueue(conn, [K2], claimed_by="me", lease=60, ours=[done.id])
@@ -444,3 +451,14 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
             assert "_due" not in plan and "SCAN semantic_orm_outbox" not in plan, (statement, plan)
     left = [(j["row_pk"], j["dead"]) for j in jobs(tables) if j["table_name"] == "article"]
     assert left == [(str(k), True) for k in range(100, 200)]
+
+
+def test_no_birth_lease_without_a_transaction(tables: Engine) -> None:
+    """PostgreSQL in AUTOCOMMIT: each statement is its own transaction, so a row's lock would
+    end before the look at its leases; the jobs are born unclaimed, held for ``hold``."""
+    if tables.dialect.name != "postgresql":
+        pytest.skip("advisory locks: PostgreSQL")
+    autocommit = tables.connect().execution_options(isolation_level="AUTOCOMMIT")
+    with autocommit as conn, conn.begin():  # (a transaction for SQLAlchemy, none for the server)
+        (job,) = outbox.enqueue(conn, [K1], claimed_by="me", lease=60, hold=30)
+        assert job.claimed_by is None and advisory_locks(conn) == 0

@@ -589,6 +589,48 @@ def test_a_row_flushed_twice_in_one_transaction_is_synced_by_its_commit(
     assert jobs(tables) == []
 
 
+def test_born_jobs_whose_lease_ran_out_before_the_commit_are_claimed_first(
+    tables: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that commits after its jobs' birth leases ran out (or nearly: a quarter
+    of the lease, 5 s at most) does not sync them as its own: another processor may have
+    claimed them meanwhile. They are claimed by id like jobs born unclaimed. A birth passes
+    only the earlier jobs of its own keys (the list it sends stays the size of its keys)."""
+    idx, factory = installed(lease=1.0)
+    passes: list[tuple[int, int]] = []
+    process = idx.processor.process
+
+    def spy(engine: Any, **kw: Any) -> Any:
+        if "claimed" in kw or "ids" in kw:  # a commit's (not the background retrier's)
+            passes.append((len(kw.get("claimed") or []), len(kw.get("ids") or [])))
+        return process(engine, **kw)
+
+    monkeypatch.setattr(idx.processor, "process", spy)
+    sent: list[list[int]] = []
+    enqueue = outbox.enqueue
+
+    def spy_enqueue(conn: Any, keys: Any, **kw: Any) -> Any:
+        sent.append(list(kw.get("ours", ())))
+        return enqueue(conn, keys, **kw)
+
+    monkeypatch.setattr(outbox, "enqueue", spy_enqueue)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.flush()
+        s.add(Article(id=2, title="t", content="a row about lakes"))
+        s.flush()
+        time.sleep(1.1)  # past the lease: claimed (within its last quarter: left to the retrier)
+        s.commit()
+    assert passes == [(0, 2)]
+    assert sent == [[], []]  # no earlier job of rows 1 and 2
+    assert_index_matches_database(tables, idx.store)
+    passes.clear()
+    with factory() as s:
+        s.add(Article(id=3, title="t", content="a row about the sea"))
+        s.commit()
+    assert passes == [(1, 0)]  # in time: synced as born
+
+
 def test_finished_jobs_hold_no_row_while_their_lease_holds_and_outlive_a_failed_settle(
     tables: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -605,7 +647,7 @@ def test_finished_jobs_hold_no_row_while_their_lease_holds_and_outlive_a_failed_
     (waiting,) = later.waiting(tables)
     assert waiting.lease_end is not None
     with tables.connect() as conn:
-        assert idx._finished(conn) == [waiting.id]
+        assert idx._finished(conn) == [waiting]
         later.take(tables)
         later.add(tables, [replace(waiting, lease_end=time.monotonic() + 1.0)])  # ending
         assert idx._finished(conn) == []
@@ -615,12 +657,19 @@ def test_finished_jobs_hold_no_row_while_their_lease_holds_and_outlive_a_failed_
         calls.append(len(jobs))
         raise sa.exc.OperationalError("DELETE", {}, Exception("the database went away"))
 
+    original = processing._settle_done
     monkeypatch.setattr(processing, "_settle_done", broken)
     later.flush(tables)
     assert calls == [1] and [j.id for j in later.waiting(tables)] == [waiting.id]
-    monkeypatch.undo()
+    monkeypatch.setattr(processing, "_settle_done", original)
     later.flush(tables)
     assert later.waiting(tables) == [] and jobs(tables) == []
+    with factory() as s:  # once closed, a failed settle leaves its jobs to their leases
+        s.add(Article(id=2, title="t", content="a row about lakes"))
+        s.commit()
+    monkeypatch.setattr(processing, "_settle_done", broken)
+    later.close()
+    assert calls == [1, 1] and later.waiting(tables) == []
 
 
 def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_back(

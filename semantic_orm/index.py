@@ -30,10 +30,10 @@ The save path, one module per step:
    :meth:`SemanticIndex.drain`. An inline commit's jobs are born leased to the index on
    SQLite and on PostgreSQL (in ``READ COMMITTED``, for a bounded number of rows a
    transaction: see :func:`~semantic_orm.outbox.enqueue`), which then needs no claim
-   transaction; a sync session's finished jobs are deleted a moment
-   later, by the next commit's transaction on SQLite, else by a timer for all the commits
-   meanwhile (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction
-   of their own;
+   transaction; a sync session's finished jobs are deleted a moment later, by the next
+   commit's transaction on SQLite, else by a timer for all the commits meanwhile
+   (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction of their
+   own;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 
@@ -606,8 +606,8 @@ class SemanticIndex:
     def _sync_commit(self, engine: Engine, staged: Staged) -> None:
         reports: list[ProcessReport] = []
         try:
-            held = [job for job in staged.born if self._holds(job)]  # (a long transaction's
-            # may have run out: those are claimed like the others)
+            # born jobs whose lease ran out (a long transaction) are claimed like the others
+            held = [job for job in staged.born if self._holds(job)]
             if held:  # deleted a moment later (see settle())
                 defer = not _shared_pool(engine)  # one connection: a timer would wait for it
                 born = self.processor.process(

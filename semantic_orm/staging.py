@@ -414,7 +414,7 @@ class SessionTracker:
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
-        lease_end = time.monotonic() + self.hooks.lease  # the database's is counted later
+        lease_end = time.monotonic() + self.hooks.lease  # (the database counts from later)
         carried: list[Job] = []
         if token is not None:  # earlier commits' finished jobs go too (given back on a rollback)
             carried, lost = self.hooks.carry(conn)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
@@ -215,8 +216,8 @@ class Job:
     lives; elsewhere (a PostgreSQL transaction that took a smaller id commits later) that
     older job is left to be synced once more, never lost."""
     lease_end: float | None = None
-    """When its birth lease ends (``time.monotonic()``), where the committing process keeps
-    it (:class:`~semantic_orm.staging.SessionTracker`)."""
+    """When its birth lease ends at the latest (``time.monotonic()``; born leased by
+    :func:`enqueue`)."""
 
 
 _COLUMNS = (
@@ -446,12 +447,14 @@ def enqueue(
     rows = [JobKey(table, column, str(pk)) for table, column, pk in keys]  # pks as stored
     if not rows:
         return []
+    lease_end = time.monotonic() + lease  # (taken before the locks: the lease counts from now)
     now = now or utcnow()
     if claimed_by and conn.dialect.name == "postgresql" and not _birth_locks(conn, rows):
         claimed_by = None  # an older snapshot: the commit's process claims them by id
     form = _list_form(conn, (key.pk for key in rows))
     if claimed_by and form is not None:  # the leases looked at by the insert itself
-        born = _insert_born(conn, form, rows, claimed_by, now + _seconds(lease), now, ours)
+        until = now + _seconds(lease)
+        born = _insert_born(conn, form, rows, claimed_by, until, now, ours, lease_end)
         return born if returning else []
     busy, present = (
         _row_jobs(conn, rows, now=now, token=claimed_by, ours=ours)
@@ -479,6 +482,7 @@ def enqueue(
             key,
             claimed_by=value["claimed_by"],
             alone=bool(claimed_by) and key not in present,
+            lease_end=lease_end if value["claimed_by"] else None,
         )
         for key, value in zip(rows, values, strict=True)
     ]
@@ -492,6 +496,7 @@ def _insert_born(
     until: dt.datetime,
     now: dt.datetime,
     ours: Sequence[int],
+    lease_end: float,
 ) -> list[Job]:
     """Insert the jobs of ``keys`` leased to ``token`` until ``until``, each but those of rows
     another job holds a live lease on (born unclaimed and due at once, for whoever holds the
@@ -514,7 +519,16 @@ def _insert_born(
     jobs = []
     for key in keys:
         i, owner, present = made[key].pop()
-        jobs.append(Job(i, key, claimed_by=owner, alone=owner is not None and not present))
+        leased = owner is not None
+        jobs.append(
+            Job(
+                i,
+                key,
+                claimed_by=owner,
+                alone=leased and not present,
+                lease_end=lease_end if leased else None,
+            )
+        )
     return jobs
 
 

@@ -41,7 +41,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -414,7 +414,6 @@ class SessionTracker:
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
-        lease_end = time.monotonic() + self.hooks.lease  # (the database counts from later)
         carried: list[Job] = []
         if token is not None:  # earlier commits' finished jobs go too (given back on a rollback)
             carried, lost = self.hooks.carry(conn)
@@ -432,14 +431,13 @@ class SessionTracker:
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         part.carried.extend(carried)
         part.keys.update(keys)
-        # the birth leases end ``lease`` s from now: trust what the flush wrote for half of it
-        part.note(keys, written or {}, lease_end - self.hooks.lease / 2)
+        # the birth leases end ``lease`` s from their birth: trust what the flush wrote for half
+        born = [job for job in jobs if token is not None and job.claimed_by == token]
+        ends = [job.lease_end for job in born if job.lease_end is not None]
+        half = self.hooks.lease / 2
+        part.note(keys, written or {}, min(ends) - half if ends else time.monotonic() + half)
         part.ids.extend(job.id for job in jobs)
-        part.born.extend(
-            replace(job, lease_end=lease_end)
-            for job in jobs
-            if token is not None and job.claimed_by == token
-        )
+        part.born.extend(born)
 
     def _ours(self, session: Session, conn: Connection, keys: Sequence[JobKey]) -> list[int]:
         """The jobs of ``keys`` leased to this process that hold no row back from their birth

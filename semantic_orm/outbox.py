@@ -707,7 +707,7 @@ commit."""
 _BIRTH_LOCKS = _birth_locks_query()
 _BIRTHS = "semantic_orm.births"
 """Where a connection's ``info`` keeps its transaction's birth locks: the transaction (a weak
-reference), whether it reads committed, how many rows it locked."""
+reference) and how many rows it locked (``-1``: births refused for the rest of it)."""
 
 
 def _birth_locks(conn: Connection, keys: Sequence[JobKey]) -> bool:

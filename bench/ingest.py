@@ -393,6 +393,7 @@ def postgres_overhead(
         "one_row_over_raw_ms",
     )
     skipped: dict[str, Any] = {f"postgresql_{name}": None for name in names}
+    digits = (4, 4, 2, 2)
     if args.no_postgres:
         return skipped
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
@@ -413,11 +414,10 @@ def postgres_overhead(
         )
     finally:
         cluster.stop()
+    figures = (batch, one_row, one_row_ms, one_row_over_ms)
     return {
-        "postgresql_overhead_trivial": round(batch, 4),
-        "postgresql_one_row_commit_overhead": round(one_row, 4),
-        "postgresql_one_row_commit_ms": round(one_row_ms, 2),
-        "postgresql_one_row_over_raw_ms": round(one_row_over_ms, 2),
+        key: round(value, places)
+        for key, value, places in zip(skipped, figures, digits, strict=True)
     }
 
 

@@ -544,8 +544,7 @@ class SemanticIndex:
     def _holds(self, job: Job) -> bool:
         """Whether ``job``'s birth lease holds for a while yet (a margin of a quarter of the
         lease, at most :data:`_LEASE_MARGIN` s, for clocks and a slow statement)."""
-        margin = min(_LEASE_MARGIN, self.policy.lease / 4)
-        return job.lease_end is not None and job.lease_end > time.monotonic() + margin
+        return job.holds(min(_LEASE_MARGIN, self.policy.lease / 4))
 
     def _hold(self, conn: Connection) -> float:
         """Jobs of an inline commit elsewhere wait a moment for this process to claim them."""

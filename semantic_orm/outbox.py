@@ -219,6 +219,10 @@ class Job:
     """When its birth lease ends at the latest (``time.monotonic()``; born leased by
     :func:`enqueue`)."""
 
+    def holds(self, margin: float = 0.0) -> bool:
+        """Whether its birth lease still holds ``margin`` seconds from now."""
+        return self.lease_end is not None and self.lease_end > time.monotonic() + margin
+
 
 _COLUMNS = (
     outbox.c.id,
@@ -474,18 +478,24 @@ def enqueue(
         conn.execute(insert(outbox), values)
     if not returning:
         return []
-    for ids in made.values():  # a key given twice: its ids in the order given
-        ids.sort(reverse=True)
     return [
         Job(
-            made[key].pop(),
+            i,
             key,
             claimed_by=value["claimed_by"],
             alone=bool(claimed_by) and key not in present,
             lease_end=lease_end if value["claimed_by"] else None,
         )
-        for key, value in zip(rows, values, strict=True)
+        for i, key, value in zip(_in_order(made, rows), rows, values, strict=True)
     ]
+
+
+def _in_order(made: dict[JobKey, list[Any]], keys: Sequence[JobKey]) -> list[Any]:
+    """What ``made`` holds for each of ``keys`` (lists sorted by new id), in the order given: a
+    key given twice gets its first id first."""
+    for each in made.values():
+        each.sort(reverse=True)
+    return [made[key].pop() for key in keys]
 
 
 def _insert_born(
@@ -514,22 +524,16 @@ def _insert_born(
         }
         for i, pk, owner, present in conn.execute(_born_statement(form), params):
             made.setdefault(JobKey(table, column, pk), []).append((int(i), owner, bool(present)))
-    for born in made.values():  # a key given twice: its jobs in the order given
-        born.sort(reverse=True)
-    jobs = []
-    for key in keys:
-        i, owner, present = made[key].pop()
-        leased = owner is not None
-        jobs.append(
-            Job(
-                i,
-                key,
-                claimed_by=owner,
-                alone=leased and not present,
-                lease_end=lease_end if leased else None,
-            )
+    return [
+        Job(
+            i,
+            key,
+            claimed_by=owner,
+            alone=owner is not None and not present,
+            lease_end=lease_end if owner is not None else None,
         )
-    return jobs
+        for key, (i, owner, present) in zip(keys, _in_order(made, keys), strict=True)
+    ]
 
 
 def _values(key: JobKey, due: dt.datetime, now: dt.datetime, owner: str | None) -> dict[str, Any]:
@@ -692,7 +696,9 @@ def _birth_locks_query() -> Select[Any]:
     lock = func.pg_advisory_xact_lock(func.hashtextextended(row + keys.c.value, 0))
     reads_committed = func.current_setting("transaction_isolation").in_(_READS_COMMITTED)
     budget = cast(func.current_setting("max_locks_per_transaction"), Integer)
-    within = bindparam("locked", type_=Integer) <= budget * bindparam("share", type_=Float)
+    within = bindparam("locked", type_=Integer) <= budget * bindparam(
+        "share", callable_=lambda: BIRTH_LOCKS, type_=Float
+    )
     return select(lock).select_from(keys).where(reads_committed, within).order_by(keys.c.value)
 
 
@@ -737,8 +743,7 @@ def _birth_locks(conn: Connection, keys: Sequence[JobKey]) -> bool:
     for (table, column), pks in sorted(_key_groups(keys).items()):
         if refused:
             break
-        params: dict[str, Any] = {"table": table, "column": column, "pks": pks}
-        params.update(locked=count, share=BIRTH_LOCKS)
+        params = {"table": table, "column": column, "pks": pks, "locked": count}
         refused = len(conn.execute(_BIRTH_LOCKS, params).all()) < len(pks)
     conn.info[_BIRTHS] = (held[0], -1 if refused else count)  # refused: from now on
     return not refused

@@ -499,8 +499,7 @@ class DeferredSettle:
         seconds while their birth leases hold (they still pass later births of their rows);
         the others, and all once closed, are left to their leases: their rows are synced
         again when the leases end. Warns once a streak of failures."""
-        now = time.monotonic()
-        live = [job for job in jobs if job.lease_end is not None and job.lease_end > now]
+        live = [job for job in jobs if job.holds()]
         kept = bool(live) and not self._closed and not self._keep(engine, live, -SETTLE_RETRY)
         if engine in self._failing:
             return

@@ -378,6 +378,8 @@ class DeferredSettle:
         self._jobs: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
         # when the oldest of each database's waiting jobs came
         self._since: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
+        # jobs a settle took and has not ended: still in the database, still ours
+        self._settling: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
         self._lock = RenewedLock()
         self._timer: threading.Timer | None = None
         self._closed = False
@@ -427,18 +429,34 @@ class DeferredSettle:
         is renewed by :mod:`semantic_orm.forking`)."""
         self._jobs = weakref.WeakKeyDictionary()
         self._since = weakref.WeakKeyDictionary()
+        self._settling = weakref.WeakKeyDictionary()
         self._timer = None
 
     def waiting(self, engine: Engine) -> list[Job]:
-        """``engine``'s waiting jobs (a copy; they stay)."""
+        """``engine``'s waiting jobs (a copy; they stay), with those a settle in flight took:
+        until its transaction ends they are still in the database, leased to this process (a
+        birth of their rows meanwhile must pass them, or it would wait for their lease)."""
         with self._lock:
-            return list(self._jobs.get(engine, []))
+            return [*self._jobs.get(engine, ()), *self._settling.get(engine, ())]
 
-    def take(self, engine: Engine) -> list[Job]:
-        """Remove and return ``engine``'s waiting jobs."""
+    def take(self, engine: Engine, settling: bool = False) -> list[Job]:
+        """Remove and return ``engine``'s waiting jobs; with ``settling`` they stay in
+        :meth:`waiting` until :meth:`_settled` (the caller deletes them in a transaction of its
+        own)."""
         with self._lock:
             self._since.pop(engine, None)
-            return self._jobs.pop(engine, [])
+            jobs = self._jobs.pop(engine, [])
+            if settling and jobs:
+                self._settling.setdefault(engine, []).extend(jobs)
+            return jobs
+
+    def _settled(self, engine: Engine, jobs: list[Job]) -> None:
+        """The settle of ``jobs`` (taken with ``settling``) has ended, whichever way."""
+        ended = {id(job) for job in jobs}
+        with self._lock:
+            left = [job for job in self._settling.pop(engine, ()) if id(job) not in ended]
+            if left:
+                self._settling[engine] = left
 
     def carry(self, conn: Connection) -> tuple[list[Job], list[JobKey]]:
         """Delete the waiting jobs of ``conn``'s database in its open transaction (SQLite's;
@@ -472,7 +490,7 @@ class DeferredSettle:
         with self._lock:
             engines = [engine] if engine is not None else list(self._jobs)
         for each in engines:
-            jobs = self.take(each)
+            jobs = self.take(each, settling=True)
             if not jobs:
                 continue
             try:
@@ -484,6 +502,8 @@ class DeferredSettle:
             except Exception as exc:
                 self._failed(each, jobs, exc)
                 continue
+            finally:  # (those kept were in waiting() again first: never out of sight)
+                self._settled(each, jobs)
             self._failing.discard(each)
             if lost:
                 self.requeued(each)

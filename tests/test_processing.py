@@ -403,8 +403,8 @@ def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_ow
     by_timer: list[int] = []
     take = later.take
 
-    def watched(engine: Engine) -> list[Any]:
-        taken = take(engine)
+    def watched(engine: Engine, settling: bool = False) -> list[Any]:
+        taken = take(engine, settling)
         if taken and isinstance(threading.current_thread(), threading.Timer):
             by_timer.append(len(taken))
         return taken
@@ -421,6 +421,45 @@ def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_ow
     assert settled(tables) == []  # the stream stopped: the timer settles the last commit's
     assert by_timer == [1]
     assert assert_index_matches_database(tables, idx.store) == 50
+
+
+def test_a_commit_while_the_timer_settles_its_rows_last_job_is_synced_inline(
+    tables: Engine, installed: Any
+) -> None:
+    """The timer takes the finished jobs, then deletes them in a transaction of its own: until
+    that ends they are still in the database, leased to this process. A commit of one of their
+    rows meanwhile must pass them at its birth and be synced by itself, not wait for a lease
+    this very process holds (found as a flaky test under load)."""
+    idx, factory = installed()
+    later = idx.processor.later
+    later.delay = 60.0  # the test settles by hand, below
+    first, second = "first text about rivers", "second text about lakes and seas"
+    with factory() as s:
+        s.add(Article(id=1, title="t", content=first))
+        s.commit()
+    (job,) = jobs(tables)  # synced, waiting to be deleted
+    assert job["claimed_by"] == idx.token and [j.id for j in later.waiting(tables)] == [job["id"]]
+    writing = idx.processor.writing
+    seen: list[list[int]] = []  # (what flush() raises is caught: asserted after it)
+    once = threading.Lock()  # other passes of this processor (a retrier) write too
+
+    def after_a_commit(engine: Engine) -> Any:
+        if once.acquire(blocking=False):  # the settle has taken the job, not yet begun
+            with factory() as s:
+                art = s.get(Article, 1)
+                assert art is not None
+                art.content = second
+                s.commit()
+            seen.append([p["end_offset"] for p in points_of(idx, 1)])
+        return writing(engine)
+
+    idx.processor.writing = after_a_commit
+    later.flush(tables)
+    del idx.processor.writing
+    assert seen == [[len(second)]]  # synced by its commit
+    idx.settle()
+    assert jobs(tables) == []
+    assert assert_index_matches_database(tables, idx.store) == 1
 
 
 def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(

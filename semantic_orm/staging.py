@@ -414,9 +414,11 @@ class SessionTracker:
         joined = conns.get(conn.engine, (None, False))[1]
         token = None if joined else self.hooks.born_leased(conn)
         hold = 0.0 if joined else self.hooks.hold(conn)
-        carried: list[Job] = []
-        if token is not None:  # earlier commits' finished jobs go too (given back on a rollback)
+        part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
+        if token is not None:  # earlier commits' finished jobs go too (given back on a rollback,
+            # this flush's failing included: they are the transaction's from here)
             carried, lost = self.hooks.carry(conn)
+            part.carried.extend(carried)
             if lost:
                 keys = [*keys, *(k for k in dict.fromkeys(lost) if k not in keys)]
         jobs = outbox.enqueue(
@@ -428,8 +430,6 @@ class SessionTracker:
             ours=self._ours(session, conn, keys) if token is not None else (),
             returning=bool(token or hold),  # ids only matter to an inline sync
         )
-        part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
-        part.carried.extend(carried)
         part.keys.update(keys)
         # the birth leases end ``lease`` s from their birth: trust what the flush wrote for half
         born = [job for job in jobs if token is not None and job.claimed_by == token]

@@ -486,6 +486,46 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     assert assert_index_matches_database(tables, idx.store) == 1
 
 
+def test_finished_jobs_a_failing_flush_took_are_given_back(
+    tables: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush deletes the last commit's finished jobs, then writes its own: when that write
+    fails, the rollback brings the deleted jobs back, and so must the index (else they hold
+    their rows for the rest of their lease: the next commit of one could not be born leased,
+    and waited for the retrier)."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
+    idx, factory = installed()
+    later = idx.processor.later
+    later.delay = 60.0  # no timer: only flushes (and settle()) take the job
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    (first,) = jobs(tables)
+    enqueue = outbox.enqueue
+
+    def failing(conn: Any, keys: Any, **kw: Any) -> Any:
+        raise sa.exc.OperationalError("INSERT INTO semantic_outbox", {}, Exception("disk I/O"))
+
+    monkeypatch.setattr(outbox, "enqueue", failing)
+    with factory() as s, pytest.raises(sa.exc.OperationalError):
+        art = s.get(Article, 1)
+        assert art is not None
+        art.content = "never committed"
+        s.commit()  # its flush took the finished job, then failed
+    assert [j.id for j in later.waiting(tables)] == [first["id"]]  # given back
+    monkeypatch.setattr(outbox, "enqueue", enqueue)
+    second = "a row about lakes and seas"
+    with factory() as s:
+        art = s.get(Article, 1)
+        assert art is not None
+        art.content = second
+        s.commit()
+    assert [p["end_offset"] for p in points_of(idx, 1)] == [len(second)]  # by its commit
+    idx.settle()
+    assert jobs(tables) == []
+
+
 def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_back(
     tables: Engine, installed: Any
 ) -> None:

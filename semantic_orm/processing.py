@@ -378,8 +378,10 @@ class DeferredSettle:
         self._jobs: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
         # when the oldest of each database's waiting jobs came
         self._since: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
-        # jobs a settle took and has not ended: still in the database, still ours
-        self._settling: weakref.WeakKeyDictionary[Engine, list[Job]] = weakref.WeakKeyDictionary()
+        # what each settle in flight took (one list each): still in the database, still ours
+        self._settling: weakref.WeakKeyDictionary[Engine, list[list[Job]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = RenewedLock()
         self._timer: threading.Timer | None = None
         self._closed = False
@@ -437,7 +439,8 @@ class DeferredSettle:
         until its transaction ends they are still in the database, leased to this process (a
         birth of their rows meanwhile must pass them, or it would wait for their lease)."""
         with self._lock:
-            return [*self._jobs.get(engine, ()), *self._settling.get(engine, ())]
+            taken = [job for jobs in self._settling.get(engine, ()) for job in jobs]
+            return [*self._jobs.get(engine, ()), *taken]
 
     def take(self, engine: Engine, settling: bool = False) -> list[Job]:
         """Remove and return ``engine``'s waiting jobs; with ``settling`` they stay in
@@ -447,14 +450,14 @@ class DeferredSettle:
             self._since.pop(engine, None)
             jobs = self._jobs.pop(engine, [])
             if settling and jobs:
-                self._settling.setdefault(engine, []).extend(jobs)
+                self._settling.setdefault(engine, []).append(jobs)
             return jobs
 
     def _settled(self, engine: Engine, jobs: list[Job]) -> None:
-        """The settle of ``jobs`` (taken with ``settling``) has ended, whichever way."""
-        ended = {id(job) for job in jobs}
+        """The settle of ``jobs`` (the very list :meth:`take` returned with ``settling``) has
+        ended, whichever way (another settle that took some of them since keeps its own)."""
         with self._lock:
-            left = [job for job in self._settling.pop(engine, ()) if id(job) not in ended]
+            left = [taken for taken in self._settling.pop(engine, ()) if taken is not jobs]
             if left:
                 self._settling[engine] = left
 
@@ -502,7 +505,8 @@ class DeferredSettle:
             except Exception as exc:
                 self._failed(each, jobs, exc)
                 continue
-            finally:  # (those kept were in waiting() again first: never out of sight)
+            finally:  # (those kept are in waiting() again first; those _failed drops are
+                # left to their leases)
                 self._settled(each, jobs)
             self._failing.discard(each)
             if lost:
@@ -520,7 +524,8 @@ class DeferredSettle:
         the others, and all once closed, are left to their leases: their rows are synced
         again when the leases end. Warns once a streak of failures."""
         live = [job for job in jobs if job.holds()]
-        kept = bool(live) and not self._closed and not self._keep(engine, live, -SETTLE_RETRY)
+        retry = self.delay - SETTLE_RETRY  # (as if waiting since then: due SETTLE_RETRY s on)
+        kept = bool(live) and not self._closed and not self._keep(engine, live, retry)
         if engine in self._failing:
             return
         self._failing.add(engine)

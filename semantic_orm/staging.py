@@ -101,8 +101,8 @@ class Staged:
     born: list[Job] = field(default_factory=list)
     """Jobs born leased to this process's processor (synced without a claim)."""
     carried: list[Job] = field(default_factory=list)
-    """Finished jobs of earlier commits that this transaction deletes (given back if it does
-    not commit)."""
+    """Finished jobs of earlier commits that this transaction deletes (given back when its
+    database transaction rolls back, or when it ends without a commit)."""
     returned: list[Job] = field(default_factory=list)
     """Jobs a savepoint inside this transaction carried and then rolled back: not deleted,
     given back when the root transaction ends (until then it holds the database, and a settle
@@ -155,8 +155,8 @@ class StagingHooks:
         finished: This process's finished jobs not deleted yet in a connection's database
             whose birth leases still hold (they hold no row back from a birth).
         restore: Called with the jobs ``carry`` deleted in a transaction that did not commit,
-            once its root transaction has ended (a root still holds the database after a
-            savepoint rolls back).
+            once the database transaction around it has rolled back or the session's has
+            ended (a root still holds the database after a savepoint rolls back).
         hold: Seconds a connection's new unleased jobs wait before workers may take them (the
             committing process syncs them meanwhile).
         on_commit: Called with the engine and what it staged once a durable root commit has
@@ -227,6 +227,7 @@ class SessionTracker:
             "after_flush": self.after_flush,
             "after_flush_postexec": self.after_flush_postexec,
             "after_commit": self.after_commit,
+            "after_rollback": self.after_rollback,
             "after_transaction_end": self.after_transaction_end,
         }
         self._sessions: weakref.WeakKeyDictionary[Connection, weakref.ref[Session]] = (
@@ -294,6 +295,27 @@ class SessionTracker:
                 continue  # an external transaction: it may still roll back; jobs wait in it
             durable[engine] = part
         session.info[_COMMITTED] = durable
+
+    def after_rollback(self, session: Session) -> None:
+        """A database's transaction has rolled back (a failed flush's, at once; its session's
+        own transaction ends only with ``rollback()`` or ``close()``): give back at once the
+        finished jobs its flushes deleted, which are in the database again (a savepoint's
+        rollback leaves the database held by the root: those wait for its end)."""
+        staged = session.info.get(_STAGED)
+        if not staged:
+            return
+        conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
+        for engine, (conn, _joined) in conns.items():
+            if conn.in_transaction():  # a savepoint rolled back, or another database did
+                continue
+            back: list[Job] = []
+            for parts in staged.values():
+                part = parts.get(engine)
+                if part is not None:
+                    back += [*part.carried, *part.returned]
+                    part.carried, part.returned = [], []
+            if back:
+                self.hooks.restore(engine, back)
 
     def after_transaction_end(self, session: Session, trans: SessionTransaction) -> None:
         """Forget what a transaction that did not commit still holds; release the gate; hand a
@@ -416,7 +438,7 @@ class SessionTracker:
         hold = 0.0 if joined else self.hooks.hold(conn)
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
         if token is not None:  # earlier commits' finished jobs go too (given back on a rollback,
-            # this flush's failing included: they are the transaction's from here)
+            # this flush's failure included: they are the transaction's from here)
             carried, lost = self.hooks.carry(conn)
             part.carried.extend(carried)
             if lost:

@@ -441,10 +441,13 @@ def test_a_commit_while_the_timer_settles_its_rows_last_job_is_synced_inline(
     assert job["claimed_by"] == idx.token and [j.id for j in later.waiting(tables)] == [job["id"]]
     writing = idx.processor.writing
     seen: list[list[int]] = []  # (what flush() raises is caught: asserted after it)
+    taken: list[bool] = []
     once = threading.Lock()  # other passes of this processor (a retrier) write too
 
     def after_a_commit(engine: Engine) -> Any:
-        if once.acquire(blocking=False):  # the settle has taken the job, not yet begun
+        main = threading.current_thread() is threading.main_thread()  # (this flush's)
+        if main and once.acquire(blocking=False):  # the job is taken, its delete not begun
+            taken.append(later._jobs.get(tables, []) == [])
             with factory() as s:
                 art = s.get(Article, 1)
                 assert art is not None
@@ -456,7 +459,7 @@ def test_a_commit_while_the_timer_settles_its_rows_last_job_is_synced_inline(
     idx.processor.writing = after_a_commit
     later.flush(tables)
     del idx.processor.writing
-    assert seen == [[len(second)]]  # synced by its commit
+    assert taken == [True] and seen == [[len(second)]]  # synced by its commit
     idx.settle()
     assert jobs(tables) == []
     assert assert_index_matches_database(tables, idx.store) == 1
@@ -486,13 +489,35 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     assert assert_index_matches_database(tables, idx.store) == 1
 
 
+def test_a_settle_that_ends_leaves_the_jobs_another_settle_took_in_sight(
+    tables: Engine, installed: Any
+) -> None:
+    """A settle that could not run puts its jobs back; another may take them before the first
+    has ended: the first's end must not take them out of sight while the second deletes."""
+    idx, factory = installed()
+    later = idx.processor.later
+    later.delay = 60.0  # no timer: the steps below are the two settles'
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    (job,) = later.waiting(tables)
+    first = later.take(tables, settling=True)
+    later._keep(tables, first)  # blocked: back to wait
+    second = later.take(tables, settling=True)  # another settle takes them meanwhile
+    later._settled(tables, first)  # the first settle ends
+    assert [j.id for j in later.waiting(tables)] == [job.id]
+    later._settled(tables, second)
+    assert later.waiting(tables) == []
+
+
 def test_finished_jobs_a_failing_flush_took_are_given_back(
     tables: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A flush deletes the last commit's finished jobs, then writes its own: when that write
-    fails, the rollback brings the deleted jobs back, and so must the index (else they hold
-    their rows for the rest of their lease: the next commit of one could not be born leased,
-    and waited for the retrier)."""
+    fails, the database rolls back at once and the deleted jobs are back, so they must be back
+    in the index's sight at once too, not when the session is rolled back or closed (else they
+    hold their rows meanwhile, or for the rest of their lease: a commit of one of their rows
+    could not be born leased, and waited for the retrier)."""
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
     idx, factory = installed()
@@ -508,12 +533,17 @@ def test_finished_jobs_a_failing_flush_took_are_given_back(
         raise sa.exc.OperationalError("INSERT INTO semantic_outbox", {}, Exception("disk I/O"))
 
     monkeypatch.setattr(outbox, "enqueue", failing)
-    with factory() as s, pytest.raises(sa.exc.OperationalError):
+    with factory() as s:
         art = s.get(Article, 1)
         assert art is not None
         art.content = "never committed"
-        s.commit()  # its flush took the finished job, then failed
-    assert [j.id for j in later.waiting(tables)] == [first["id"]]  # given back
+        with pytest.raises(sa.exc.OperationalError):
+            s.commit()  # its flush took the finished job, then failed
+        # the database has rolled back (the session's transaction waits for rollback()):
+        # the job is in the outbox again, and in the index's sight again at once
+        assert [j.id for j in later.waiting(tables)] == [first["id"]]
+        assert [job["id"] for job in jobs(tables)] == [first["id"]]
+    assert [j.id for j in later.waiting(tables)] == [first["id"]]  # given back once
     monkeypatch.setattr(outbox, "enqueue", enqueue)
     second = "a row about lakes and seas"
     with factory() as s:

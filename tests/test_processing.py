@@ -489,17 +489,24 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
     assert assert_index_matches_database(tables, idx.store) == 1
 
 
+def _a_finished_job(installed: Any) -> tuple[SemanticIndex, Any]:
+    """An installed index whose one commit's job (row 1) is synced and waits to be deleted,
+    with no timer: only flushes, ``settle()`` and the test take it."""
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    return idx, factory
+
+
 def test_a_settle_that_ends_leaves_the_jobs_another_settle_took_in_sight(
     tables: Engine, installed: Any
 ) -> None:
     """A settle that could not run puts its jobs back; another may take them before the first
     has ended: the first's end must not take them out of sight while the second deletes."""
-    idx, factory = installed()
+    idx, _ = _a_finished_job(installed)
     later = idx.processor.later
-    later.delay = 60.0  # no timer: the steps below are the two settles'
-    with factory() as s:
-        s.add(Article(id=1, title="t", content="a row about rivers"))
-        s.commit()
     (job,) = later.waiting(tables)
     first = later.take(tables, settling=True)
     later._keep(tables, first)  # blocked: back to wait
@@ -520,12 +527,8 @@ def test_finished_jobs_a_failing_flush_took_are_given_back(
     could not be born leased, and waited for the retrier)."""
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
-    idx, factory = installed()
+    idx, factory = _a_finished_job(installed)
     later = idx.processor.later
-    later.delay = 60.0  # no timer: only flushes (and settle()) take the job
-    with factory() as s:
-        s.add(Article(id=1, title="t", content="a row about rivers"))
-        s.commit()
     (first,) = jobs(tables)
     enqueue = outbox.enqueue
 
@@ -566,12 +569,8 @@ def test_a_savepoints_flush_takes_the_finished_jobs_and_its_rollback_gives_them_
     it is settled later all the same."""
     if tables.dialect.name != "sqlite":
         pytest.skip("PostgreSQL: the timer deletes finished jobs (a flush there does not)")
-    idx, factory = installed()
+    idx, factory = _a_finished_job(installed)
     later = idx.processor.later
-    later.delay = 60.0  # no timer: only flushes (and settle()) take the job
-    with factory() as s:
-        s.add(Article(id=1, title="t", content="a row about rivers"))
-        s.commit()
     first = jobs(tables)
     assert len(first) == 1 and [j.id for j in later.waiting(tables)] == [first[0]["id"]]
 

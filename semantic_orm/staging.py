@@ -123,6 +123,13 @@ class Staged:
         self.returned.extend(other.returned)
         self.note(other.keys, other.written, other.trusted_until)
 
+    def undone(self) -> list[Job]:
+        """Remove and return the finished jobs this transaction deleted and no longer does
+        (it did not commit): :attr:`carried` and :attr:`returned`."""
+        back = [*self.carried, *self.returned]
+        self.carried, self.returned = [], []
+        return back
+
     def note(
         self, keys: Iterable[JobKey], written: Mapping[JobKey, str | None], until: float
     ) -> None:
@@ -308,12 +315,12 @@ class SessionTracker:
         for engine, (conn, _joined) in conns.items():
             if conn.in_transaction():  # a savepoint rolled back, or another database did
                 continue
-            back: list[Job] = []
-            for parts in staged.values():
-                part = parts.get(engine)
-                if part is not None:
-                    back += [*part.carried, *part.returned]
-                    part.carried, part.returned = [], []
+            back = [
+                job
+                for parts in staged.values()
+                if engine in parts
+                for job in parts[engine].undone()
+            ]
             if back:
                 self.hooks.restore(engine, back)
 
@@ -325,7 +332,7 @@ class SessionTracker:
         left = staged.pop(trans, None) if staged else None
         parent = _enclosing(trans) if trans.nested else None
         for engine, part in (left or {}).items():  # not committed: its deletions are undone
-            back = [*part.carried, *part.returned]
+            back = part.undone()
             if back and parent is not None and staged is not None:  # a savepoint: the root
                 # still holds the database, so they go back when it ends
                 staged.setdefault(parent, {}).setdefault(engine, Staged()).returned.extend(back)

@@ -423,6 +423,17 @@ def test_a_steady_stream_of_inline_commits_needs_no_settle_transaction_of_its_ow
     assert assert_index_matches_database(tables, idx.store) == 50
 
 
+def _a_finished_job(installed: Any) -> tuple[SemanticIndex, Any]:
+    """An installed index whose one commit's job (row 1) is synced and waits to be deleted,
+    with no timer: only flushes, ``settle()`` and the test take it."""
+    idx, factory = installed()
+    idx.processor.later.delay = 60.0
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row about rivers"))
+        s.commit()
+    return idx, factory
+
+
 def test_a_commit_while_the_timer_settles_its_rows_last_job_is_synced_inline(
     tables: Engine, installed: Any
 ) -> None:
@@ -430,13 +441,9 @@ def test_a_commit_while_the_timer_settles_its_rows_last_job_is_synced_inline(
     that ends they are still in the database, leased to this process. A commit of one of their
     rows meanwhile must pass them at its birth and be synced by itself, not wait for a lease
     this very process holds (found as a flaky test under load)."""
-    idx, factory = installed()
+    idx, factory = _a_finished_job(installed)  # the test settles by hand, below
     later = idx.processor.later
-    later.delay = 60.0  # the test settles by hand, below
-    first, second = "first text about rivers", "second text about lakes and seas"
-    with factory() as s:
-        s.add(Article(id=1, title="t", content=first))
-        s.commit()
+    second = "second text about lakes and seas"
     (job,) = jobs(tables)  # synced, waiting to be deleted
     assert job["claimed_by"] == idx.token and [j.id for j in later.waiting(tables)] == [job["id"]]
     writing = idx.processor.writing
@@ -487,17 +494,6 @@ def test_finished_jobs_a_rollback_gives_back_are_still_settled_by_the_timer(
         time.sleep(0.05)
     assert jobs(tables) == []
     assert assert_index_matches_database(tables, idx.store) == 1
-
-
-def _a_finished_job(installed: Any) -> tuple[SemanticIndex, Any]:
-    """An installed index whose one commit's job (row 1) is synced and waits to be deleted,
-    with no timer: only flushes, ``settle()`` and the test take it."""
-    idx, factory = installed()
-    idx.processor.later.delay = 60.0
-    with factory() as s:
-        s.add(Article(id=1, title="t", content="a row about rivers"))
-        s.commit()
-    return idx, factory
 
 
 def test_a_settle_that_ends_leaves_the_jobs_another_settle_took_in_sight(

@@ -15,13 +15,18 @@ int8 when onnxruntime is installed, else torch fp32), on the same chunks, in the
   ``encode_query`` for the candidate, ``encode`` for the baseline.
 * GPU: when ``torch.cuda.is_available()``, ``device="cuda"`` (fp16) against raw
   sentence-transformers fp32 on the same GPU is measured too (``cuda_*`` keys).
+* Other configurations: ``--also openvino-bf16 onnx-fp32 ...`` (``BACKEND-PRECISION``) measures
+  each the same way against the same baseline, reported under ``others`` (speed and the three
+  quality deltas each). Their runtimes are checked before any long work (openvino:
+  ``pip install -e '.[openvino]'``).
 
     python bench/embedding.py [--datasets ../shared/datasets] [--docs 300] [--rounds 3]
       [--speed-chunks 128] [--scifact-queries 300] [--squad-articles 8] [--questions 500]
+      [--also openvino-fp32 openvino-bf16]
 
 The last line is one JSON object: {"baseline_chunks_per_s", "chunks_per_s", "speedup",
 "scifact_ndcg_at_10_delta", "squad_mrr_at_5_delta", "squad_recall_at_5_delta", "backend",
-...}.
+..., "others": {"openvino-bf16": {"chunks_per_s", "speedup", ...}}}.
 """
 
 from __future__ import annotations
@@ -158,11 +163,27 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-chunks", type=int, default=128, help="per round")
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        metavar="BACKEND-PRECISION",
+        help="more configurations to measure against the same baseline (e.g. openvino-bf16)",
+    )
     args = parser.parse_args()
+    also = [tuple(c.split("-", 1)) for c in args.also]
+    for config, name in zip(also, args.also, strict=True):
+        if len(config) != 2:
+            sys.exit(f"--also takes BACKEND-PRECISION (e.g. openvino-bf16), got {name!r}")
 
     # optional dependencies first, before any long work
     if importlib.util.find_spec("sentence_transformers") is None:
         sys.exit("needs sentence-transformers: pip install 'semantic-orm[embed]'")
+    runtimes = {"onnx": "onnxruntime", "openvino": "openvino"}
+    for backend, _ in also:
+        module = runtimes.get(backend)
+        if module and importlib.util.find_spec(module) is None:
+            sys.exit(f"--also {backend}-...: needs {module}: pip install -e '.[{backend}]'")
     if importlib.util.find_spec("onnxruntime") is None:
         print(
             "onnxruntime is not installed: the default resolves to torch fp32 "
@@ -218,10 +239,14 @@ def main() -> None:
         "backend": f"{backend}-{precision}",
     }
     t = time.perf_counter()
-    nb = scifact_ndcg(base_docs, base_queries, sci_chunks, qs, qrels)
-    nc = scifact_ndcg(cand_docs, cand_queries, sci_chunks, qs, qrels)
-    rb, mb = squad_metrics(base_docs, base_queries, squad_chunks, gold)
-    rc, mc = squad_metrics(cand_docs, cand_queries, squad_chunks, gold)
+
+    def quality(docs: Encode, queries: Encode) -> tuple[float, float, float]:
+        """SciFact nDCG@10, SQuAD Recall@5 and MRR@5."""
+        recall, mrr = squad_metrics(docs, queries, squad_chunks, gold)
+        return scifact_ndcg(docs, queries, sci_chunks, qs, qrels), recall, mrr
+
+    nb, rb, mb = quality(base_docs, base_queries)
+    nc, rc, mc = quality(cand_docs, cand_queries)
     print(
         f"quality ({time.perf_counter() - t:.0f}s): SciFact nDCG@10 {nb:.4f} -> {nc:.4f}; "
         f"SQuAD R@5 {rb:.4f} -> {rc:.4f}, MRR@5 {mb:.4f} -> {mc:.4f}",
@@ -253,6 +278,22 @@ def main() -> None:
         )
     else:
         out["cuda"] = None
+    others: dict[str, Any] = {}
+    for (other, other_precision), name in zip(also, args.also, strict=True):
+        docs, queries, _ = ours(device="cpu", backend=other, precision=other_precision)
+        print(f"{name}:", flush=True)
+        _, cps, ratio, _ = speed(base_docs, docs, speed_set, args.rounds, args.speed_chunks)
+        n, r, m = quality(docs, queries)
+        others[name] = {
+            "chunks_per_s": round(cps, 2),
+            "speedup": round(ratio, 3),
+            "scifact_ndcg_at_10_delta": round(n - nb, 4),
+            "squad_recall_at_5_delta": round(r - rb, 4),
+            "squad_mrr_at_5_delta": round(m - mb, 4),
+        }
+        print(f"  {others[name]}", flush=True)
+    if others:
+        out["others"] = others
     out["target_met"] = bool(
         out["speedup"] >= 2.0
         and out["scifact_ndcg_at_10_delta"] >= -0.01

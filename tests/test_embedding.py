@@ -7,10 +7,13 @@ backends of :class:`SentenceTransformerEmbedder` are checked on the real default
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +148,10 @@ def test_invalid_backend_or_precision_is_named() -> None:
         SentenceTransformerEmbedder(backend="tensorrt")
     with pytest.raises(ConfigurationError, match="offers precision int8, fp32; got 'fp16'"):
         SentenceTransformerEmbedder(backend="onnx", precision="fp16")
+    with pytest.raises(ConfigurationError, match="offers precision fp32, bf16; got 'int8'"):
+        SentenceTransformerEmbedder(backend="openvino", precision="int8")
+    with pytest.raises(ConfigurationError, match="backend='openvino' runs on the CPU"):
+        _ = SentenceTransformerEmbedder(backend="openvino", device="cuda").backend
     with pytest.raises(ConfigurationError, match="needs an explicit backend"):
         SentenceTransformerEmbedder(precision="int8")
 
@@ -378,6 +385,85 @@ def test_onnx_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatc
     embedder = SentenceTransformerEmbedder(backend="onnx")
     with pytest.raises(MissingDependencyError, match=r"semantic-orm\[onnx\]"):
         embedder.encode(TEXTS[:1])
+
+
+def test_openvino_without_the_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    embedder = SentenceTransformerEmbedder(backend="openvino")
+    with pytest.raises(MissingDependencyError, match=r"semantic-orm\[openvino\]"):
+        embedder.encode(TEXTS[:1])
+
+
+def _openvino() -> Any:
+    """openvino as the backend imports it (without its telemetry); skips where it is missing."""
+    if importlib.util.find_spec("openvino") is None:
+        pytest.skip("openvino is not installed")
+    from semantic_orm.embedding_onnx import _import_openvino
+
+    return _import_openvino()
+
+
+@pytest.mark.slow
+def test_openvino_runs_the_onnx_export_in_fp32(
+    onnx_cache: Path, torch_minilm: SentenceTransformerEmbedder
+) -> None:
+    _openvino()
+    embedder = SentenceTransformerEmbedder(backend="openvino", cache_dir=onnx_cache)
+    assert embedder.settings()["backend"] == "openvino"
+    assert embedder.settings()["precision"] == "fp32"
+    vectors = embedder.encode(TEXTS)
+    assert cosines(vectors, torch_minilm.encode(TEXTS)).min() > 0.9999
+    assert embedder.max_seq_length == torch_minilm.max_seq_length
+    assert embedder.count_tokens(TEXTS) == torch_minilm.count_tokens(TEXTS)
+    hint = embedder.model._compiled.get_property("INFERENCE_PRECISION_HINT")
+    assert hint.get_type_name() == "f32"  # not the bf16 OpenVINO picks by itself on such CPUs
+    # one export serves both runtimes
+    exact = SentenceTransformerEmbedder(backend="onnx", precision="fp32", cache_dir=onnx_cache)
+    exact.encode(TEXTS[:1])
+    assert exact.model.directory == embedder.model.directory
+    # threads encoding at once each get their own infer request
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: embedder.encode(TEXTS), range(8)))
+    for found in results:
+        np.testing.assert_allclose(found, vectors, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_openvino_bf16_runs_in_bf16_where_the_cpu_has_it(
+    onnx_cache: Path, torch_minilm: SentenceTransformerEmbedder
+) -> None:
+    openvino = _openvino()
+    capable = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    embedder = SentenceTransformerEmbedder(
+        backend="openvino", precision="bf16", cache_dir=onnx_cache
+    )
+    if not capable:
+        with pytest.raises(ConfigurationError, match="precision='bf16' needs a CPU with"):
+            embedder.encode(TEXTS)
+        return
+    vectors = embedder.encode(TEXTS)
+    hint = embedder.model._compiled.get_property("INFERENCE_PRECISION_HINT")
+    assert hint.get_type_name() == "bf16"
+    close = cosines(vectors, torch_minilm.encode(TEXTS))
+    assert close.min() > 0.999 and close.min() < 1 - 1e-7  # near fp32, and not fp32
+
+
+def test_openvino_is_imported_without_its_telemetry(tmp_path: Path) -> None:
+    _openvino()
+    script = (
+        "from semantic_orm.embedding_onnx import _import_openvino\n"
+        "_import_openvino()\n"
+        "import sys\n"
+        "from openvino.tools.ovc import telemetry_utils\n"
+        "print(telemetry_utils.tm.__name__, 'openvino_telemetry' in sys.modules)\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "CI": ""}  # "CI=true" turns telemetry off
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["openvino.tools.ovc.telemetry_stub", "False"]
+    assert not (tmp_path / "intel").exists()  # no consent or client-id files written
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX users and modes")

@@ -17,8 +17,8 @@ int8 when onnxruntime is installed, else torch fp32), on the same chunks, in the
   sentence-transformers fp32 on the same GPU is measured too (``cuda_*`` keys).
 * Other configurations: ``--also openvino-bf16 onnx-fp32 ...`` (``BACKEND-PRECISION``) measures
   each the same way against the same baseline, reported under ``others`` (speed and the three
-  quality deltas each). Their runtimes are checked before any long work (openvino:
-  ``pip install -e '.[openvino]'``).
+  quality deltas each). Each is loaded before any long work (a name, runtime or precision the
+  CPU lacks stops the run at once; openvino: ``pip install -e '.[openvino]'``).
 
     python bench/embedding.py [--datasets ../shared/datasets] [--docs 300] [--rounds 3]
       [--speed-chunks 128] [--scifact-queries 300] [--squad-articles 8] [--questions 500]
@@ -51,7 +51,11 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from retrieval import load_scifact, load_squad, ndcg_at_10  # noqa: E402
 
-from semantic_orm import SentenceTransformerEmbedder  # noqa: E402
+from semantic_orm import (  # noqa: E402
+    ConfigurationError,
+    MissingDependencyError,
+    SentenceTransformerEmbedder,
+)
 from semantic_orm.chunking import get_chunker  # noqa: E402
 from semantic_orm.column import DEFAULT_CHUNK_SIZE, DEFAULT_CHUNKER, DEFAULT_OVERLAP  # noqa: E402
 
@@ -179,11 +183,15 @@ def main() -> None:
     # optional dependencies first, before any long work
     if importlib.util.find_spec("sentence_transformers") is None:
         sys.exit("needs sentence-transformers: pip install 'semantic-orm[embed]'")
-    runtimes = {"onnx": "onnxruntime", "openvino": "openvino"}
-    for backend, _ in also:
-        module = runtimes.get(backend)
-        if module and importlib.util.find_spec(module) is None:
-            sys.exit(f"--also {backend}-...: needs {module}: pip install -e '.[{backend}]'")
+    extra: dict[str, SentenceTransformerEmbedder] = {}
+    for (other, other_precision), name in zip(also, args.also, strict=True):
+        try:  # names, runtimes and CPU support checked now: loads (or exports) the model
+            extra[name] = SentenceTransformerEmbedder(
+                device="cpu", backend=other, precision=other_precision
+            )
+            _ = extra[name].model
+        except (ConfigurationError, MissingDependencyError) as exc:
+            sys.exit(f"--also {name}: {exc}")
     if importlib.util.find_spec("onnxruntime") is None:
         print(
             "onnxruntime is not installed: the default resolves to torch fp32 "
@@ -279,8 +287,8 @@ def main() -> None:
     else:
         out["cuda"] = None
     others: dict[str, Any] = {}
-    for (other, other_precision), name in zip(also, args.also, strict=True):
-        docs, queries, _ = ours(device="cpu", backend=other, precision=other_precision)
+    for name, other_embedder in extra.items():
+        docs, queries = other_embedder.encode, other_embedder.encode_query
         print(f"{name}:", flush=True)
         _, cps, ratio, _ = speed(base_docs, docs, speed_set, args.rounds, args.speed_chunks)
         n, r, m = quality(docs, queries)

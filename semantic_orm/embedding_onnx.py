@@ -13,10 +13,12 @@ tokenizer: no optimum, so sentence-transformers is not downgraded. Pooling follo
 ``1_Pooling/config.json``.
 
 OpenVINO reads the same fp32 export (its ONNX front end knows the fused kernels) and compiles it
-for the CPU in ``fp32`` or, on a CPU with bfloat16 instructions (AVX512_BF16, AMX), ``bf16``;
-the plain ``openvino`` package is all it needs beyond the export's own (no optimum-intel, which
-pins older transformers). A compiled model is not shared between threads: each thread that
-encodes gets its own infer request.
+for the CPU in ``fp32`` or, on a CPU it runs bfloat16 on, ``bf16`` (the precision read back from
+the compiled model); on first use of an export with an OpenVINO version and precision, its
+hidden states are compared with ONNX Runtime's on the probe batch and the result recorded
+beside the export. The plain ``openvino`` package is all it needs beyond the export's own (no
+optimum-intel, which pins older transformers), imported without its usage telemetry. A compiled
+model is not shared between threads: each thread that encodes gets its own infer request.
 
 The export is cached in a directory keyed by the model's path and weight files, the precision,
 the quantisation layout, the onnxruntime version and the recipe (bumped when the way exports
@@ -43,7 +45,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +68,19 @@ __all__ = [
 log = logging.getLogger("semantic_orm")
 
 ONNX_HINT = "pip install 'semantic-orm[onnx]' (onnxruntime and onnx)"
-OPENVINO_HINT = "pip install 'semantic-orm[openvino]' (openvino, and onnxruntime and onnx)"
+OPENVINO_HINT = "pip install 'semantic-orm[openvino]' (openvino, and the embed extra's export)"
 PRECISIONS = {"onnx": ("int8", "fp32"), "openvino": ("fp32", "bf16")}
 """The precisions each runtime of an export offers, its default first."""
 _OPENVINO_HINTS = {"fp32": "f32", "bf16": "bf16"}
 """OpenVINO's ``INFERENCE_PRECISION_HINT`` for each precision."""
+_OPENVINO_TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2}
+"""Largest difference in a hidden state between OpenVINO and ONNX Runtime on the same export,
+relative to the largest hidden state: all-MiniLM-L6-v2 differs by 6e-7 in fp32 and 3e-3 in
+bf16; a kernel read wrongly (a mask ignored) differs by whole units."""
+_OPENVINO_CHECKS = "openvino.json"
+"""The file of an export recording the OpenVINO versions and precisions checked against it."""
+_OPENVINO_IMPORT = threading.Lock()
+"""Held while openvino is imported (:func:`_import_openvino`)."""
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
 _POOLING = {
     "cls": "cls_token",
@@ -449,19 +459,37 @@ def _scales_as_divisions(model: Any) -> Any:
 def _same_output(source: Path, target: Path, vocabulary: int) -> bool:
     """Whether two graphs of one encoder give the same hidden states (within
     :data:`_FUSION_TOLERANCE` of the largest one) on the real tokens of a padded probe batch."""
+    return _probe_difference(source, _onnxruntime_run(target), vocabulary) <= _FUSION_TOLERANCE
+
+
+Run = Callable[[dict[str, npt.NDArray[np.int64]]], npt.NDArray[np.float32]]
+"""A graph's last hidden state for a batch of inputs (the graph's own input names)."""
+
+
+def _onnxruntime_run(path: Path) -> Run:
+    """Run the graph at ``path`` with ONNX Runtime on the CPU (its warnings quiet)."""
     import onnxruntime
 
     quiet = onnxruntime.SessionOptions()
     quiet.log_severity_level = 3
+    session = onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+
+    def run(feeds: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
+        return np.asarray(session.run(None, {k: v for k, v in feeds.items() if k in names})[0])
+
+    return run
+
+
+def _probe_difference(source: Path, other: Run, vocabulary: int) -> float:
+    """The largest difference between the hidden states ONNX Runtime computes with the graph
+    at ``source`` and those of ``other``, on the real tokens of a padded probe batch, relative
+    to the largest hidden state (at least 1)."""
     probe = _probe_batch(vocabulary)
-    outputs = []
-    for path in (source, target):
-        session = onnxruntime.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"])
-        names = {i.name for i in session.get_inputs()}
-        outputs.append(session.run(None, {k: v for k, v in probe.items() if k in names})[0])
+    expected, found = _onnxruntime_run(source)(probe), other(probe)
     mask = probe["attention_mask"][..., None]
-    scale = max(1.0, float(np.abs(outputs[0] * mask).max()))
-    return float(np.abs((outputs[0] - outputs[1]) * mask).max()) <= _FUSION_TOLERANCE * scale
+    scale = max(1.0, float(np.abs(expected * mask).max()))
+    return float(np.abs((expected - found) * mask).max()) / scale
 
 
 def _probe_batch(vocabulary: int) -> dict[str, npt.NDArray[np.int64]]:
@@ -559,6 +587,8 @@ class OnnxModel:
             self._compiled = compiled(self.directory / _FILE)
             self._inputs = {name for i in self._compiled.inputs for name in i.get_names()}
             self._requests = threading.local()
+            config = _read_json(Path(transformer) / "config.json")
+            self._check_openvino(precision, int(config.get("vocab_size") or 1000))
         else:
             options = onnxruntime.SessionOptions()
             self.session = onnxruntime.InferenceSession(
@@ -620,6 +650,36 @@ class OnnxModel:
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return np.asarray(vectors / np.clip(norms, 1e-12, None), dtype=np.float32)
 
+    def _check_openvino(self, precision: str, vocabulary: int) -> None:
+        """Check once per export, OpenVINO version and precision that OpenVINO computes the
+        export as ONNX Runtime does (the fused kernels are ONNX Runtime's, and the fusion was
+        checked only there); the result is recorded in the export's :data:`_OPENVINO_CHECKS`.
+
+        Raises:
+            ConfigurationError: The two disagree beyond :data:`_OPENVINO_TOLERANCE`.
+        """
+        openvino = _import_openvino()
+        record = self.directory / _OPENVINO_CHECKS
+        key = f"{openvino.__version__}/{precision}"
+        checked = _read_json(record)
+        if key in checked:
+            return
+        difference = _probe_difference(self.directory / _FILE, self._run, vocabulary)
+        if difference > _OPENVINO_TOLERANCE[precision]:
+            raise ConfigurationError(
+                f"OpenVINO {openvino.__version__} computes {self.directory / _FILE} unlike ONNX "
+                f"Runtime (hidden states differ by {difference:.3g} of the largest, more than "
+                f"{_OPENVINO_TOLERANCE[precision]:g}): backend='openvino' "
+                f"precision={precision!r} cannot run this model; use backend='onnx'"
+            )
+        checked[key] = float(f"{difference:.3g}")
+        try:  # a cache that cannot be written only means checking again next time
+            tmp = record.with_name(f".{record.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(checked, sort_keys=True), "utf-8")
+            os.replace(tmp, record)
+        except OSError:
+            log.debug("semantic_orm: could not record the OpenVINO check in %s", record)
+
     def _run(self, feeds: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
         """The last hidden state of one tokenised batch."""
         if self.backend != "openvino":
@@ -637,8 +697,9 @@ def _openvino_model(precision: str) -> Any:
     core = openvino.Core()
     if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
         raise ConfigurationError(
-            "backend='openvino' precision='bf16' needs a CPU with bfloat16 instructions "
-            "(AVX512_BF16 or AMX); this one has none: use precision='fp32'"
+            "backend='openvino' precision='bf16' needs a CPU OpenVINO runs bfloat16 on "
+            "(AVX512_BF16 or AMX, or AVX2 with AVX-VNNI-INT8/NE-CONVERT); this one is not one: "
+            "use precision='fp32'"
         )
     wanted = _OPENVINO_HINTS[precision]
 
@@ -663,21 +724,27 @@ def _import_openvino() -> Any:
     file) writes files under ``~/intel`` and sends usage events to Intel from a forked process.
     A library must not do that from its users' processes: the converter's own stub is taken
     instead (it falls back to it when ``openvino_telemetry`` cannot be imported). An app that
-    imported ``openvino`` itself keeps what it chose.
+    imported ``openvino`` itself keeps what it chose. One thread imports at a time (the marker
+    is process-wide); ``import openvino`` itself waits for an import under way elsewhere.
+
+    Raises:
+        MissingDependencyError: openvino cannot be imported (the message names the cause).
     """
-    if sys.modules.get("openvino") is None:  # None: marked missing, the import says so
-        imported = "openvino_telemetry" in sys.modules
-        saved = sys.modules.get("openvino_telemetry")
-        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # -> ImportError
+    with _OPENVINO_IMPORT:
+        fresh = sys.modules.get("openvino") is None  # None: marked missing, the import says so
+        saved = sys.modules.get("openvino_telemetry") if fresh else None
+        had = fresh and "openvino_telemetry" in sys.modules
+        if fresh:
+            sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # ImportError
         try:
-            import openvino  # noqa: F401
+            import openvino
         except ImportError as exc:
             raise MissingDependencyError(
-                f"backend='openvino' needs openvino: {OPENVINO_HINT}"
+                f"backend='openvino' needs openvino ({exc}): {OPENVINO_HINT}"
             ) from exc
         finally:
-            if imported:
+            if had:
                 sys.modules["openvino_telemetry"] = saved  # type: ignore[assignment]
-            else:
-                del sys.modules["openvino_telemetry"]
-    return sys.modules["openvino"]
+            elif fresh:
+                sys.modules.pop("openvino_telemetry", None)
+    return openvino

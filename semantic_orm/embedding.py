@@ -307,8 +307,8 @@ class SentenceTransformerEmbedder:
             a local BERT-family one, else ``torch`` fp32. What ``auto`` chose is what is
             recorded, so installing onnxruntime later shows up as drift, not as mixed vectors.
         precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` (torch), ``"int8"`` (onnx, dynamic
-            quantisation), ``"fp32"``, ``"bf16"`` (openvino; bf16 needs a CPU with bfloat16
-            instructions, AVX512_BF16 or AMX); ``None``: the backend's default (torch: fp16
+            quantisation), ``"fp32"``, ``"bf16"`` (openvino; bf16 needs a CPU OpenVINO runs
+            it on: AVX512_BF16, AMX, AVX-NE-CONVERT); ``None``: the backend's default (torch: fp16
             on CUDA, else fp32; onnx: int8; openvino: fp32). Only with an explicit
             ``backend``.
         cache_dir: Where ONNX exports (onnx and openvino backends) are kept; default

@@ -462,11 +462,11 @@ def _same_output(source: Path, target: Path, vocabulary: int) -> bool:
     return _probe_difference(source, _onnxruntime_run(target), vocabulary) <= _FUSION_TOLERANCE
 
 
-Run = Callable[[dict[str, npt.NDArray[np.int64]]], npt.NDArray[np.float32]]
+_Run = Callable[[dict[str, npt.NDArray[np.int64]]], npt.NDArray[np.float32]]
 """A graph's last hidden state for a batch of inputs (the graph's own input names)."""
 
 
-def _onnxruntime_run(path: Path) -> Run:
+def _onnxruntime_run(path: Path) -> _Run:
     """Run the graph at ``path`` with ONNX Runtime on the CPU (its warnings quiet)."""
     import onnxruntime
 
@@ -481,7 +481,7 @@ def _onnxruntime_run(path: Path) -> Run:
     return run
 
 
-def _probe_difference(source: Path, other: Run, vocabulary: int) -> float:
+def _probe_difference(source: Path, other: _Run, vocabulary: int) -> float:
     """The largest difference between the hidden states ONNX Runtime computes with the graph
     at ``source`` and those of ``other``, on the real tokens of a padded probe batch, relative
     to the largest hidden state (at least 1)."""
@@ -664,7 +664,11 @@ class OnnxModel:
         checked = _read_json(record)
         if key in checked:
             return
-        difference = _probe_difference(self.directory / _FILE, self._run, vocabulary)
+        difference = _probe_difference(
+            self.directory / _FILE,
+            lambda feeds: self._run({k: v for k, v in feeds.items() if k in self._inputs}),
+            vocabulary,
+        )
         if difference > _OPENVINO_TOLERANCE[precision]:
             raise ConfigurationError(
                 f"OpenVINO {openvino.__version__} computes {self.directory / _FILE} unlike ONNX "

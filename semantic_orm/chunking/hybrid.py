@@ -38,9 +38,10 @@ Boilerplate
 the storyteller formulas ``话说`` / ``且说`` / ``却说`` of Chinese novels or a ``Chapter 12``
 banner. Each pattern is matched at the start of the chunk text (as if it were a separate
 string, so ``^`` means the chunk start); on a match the chunk's *start offset* moves past the
-match and any whitespace after it, and the patterns are tried again. Text is never edited, so
-``original[start:end] == chunk.text`` still holds; the boilerplate is simply outside the chunk.
-A chunk that is nothing but boilerplate is dropped.
+match and any whitespace after it, and the patterns are tried again; a match that ends inside a
+grapheme (``话说`` followed by a combining accent, which belongs to ``说``) is not taken. Text is
+never edited, so ``original[start:end] == chunk.text`` still holds; the boilerplate is simply
+outside the chunk. A chunk that is nothing but boilerplate is dropped.
 """
 
 from __future__ import annotations
@@ -347,8 +348,11 @@ class HybridChunker(SizedChunker):
                     m = pattern.match(text[start:e])
                     if m is None or m.end() == 0:
                         continue
-                    new = skip_ws(text, start + m.end(), e)
+                    end = start + m.end()
+                    new = skip_ws(text, end, e)
                     new = snap_back(text, new, start) if new < e else e
+                    if new < end:  # the match ends inside a grapheme: not all boilerplate
+                        continue
                     if new > start:
                         start, moved = new, True
                         break

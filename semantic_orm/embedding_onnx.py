@@ -79,6 +79,8 @@ relative to the largest hidden state: all-MiniLM-L6-v2 differs by 6e-7 in fp32 a
 bf16; a kernel read wrongly (a mask ignored) differs by whole units."""
 _OPENVINO_CHECKS = "openvino.json"
 """The file of an export recording the OpenVINO versions and precisions checked against it."""
+_ABSENT = object()
+"""What :func:`_import_openvino` remembers of a module that was not in ``sys.modules``."""
 _OPENVINO_IMPORT = threading.Lock()
 """Held while openvino is imported (:func:`_import_openvino`)."""
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
@@ -734,12 +736,12 @@ def _import_openvino() -> Any:
     Raises:
         MissingDependencyError: openvino cannot be imported (the message names the cause).
     """
+    modules: dict[str, Any] = sys.modules  # Any: None marks a module as missing
     with _OPENVINO_IMPORT:
-        fresh = sys.modules.get("openvino") is None  # None: marked missing, the import says so
-        saved = sys.modules.get("openvino_telemetry") if fresh else None
-        had = fresh and "openvino_telemetry" in sys.modules
+        fresh = modules.get("openvino") is None  # None: marked missing, the import says so
+        saved = modules.pop("openvino_telemetry", _ABSENT) if fresh else _ABSENT
         if fresh:
-            sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # ImportError
+            modules["openvino_telemetry"] = None  # its import raises ImportError
         try:
             import openvino
         except ImportError as exc:
@@ -747,8 +749,8 @@ def _import_openvino() -> Any:
                 f"backend='openvino' needs openvino ({exc}): {OPENVINO_HINT}"
             ) from exc
         finally:
-            if had:
-                sys.modules["openvino_telemetry"] = saved  # type: ignore[assignment]
-            elif fresh:
-                sys.modules.pop("openvino_telemetry", None)
+            if fresh:
+                modules.pop("openvino_telemetry", None)
+                if saved is not _ABSENT:
+                    modules["openvino_telemetry"] = saved
     return openvino

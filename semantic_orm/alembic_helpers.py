@@ -229,7 +229,7 @@ def _queue_rows(operations: Operations, operation: _SemanticColumnOp) -> int:
             "migration online, or queue the rows afterwards with `semantic-orm reindex`"
         )
     bind = operations.get_bind()
-    if not sa.inspect(bind).has_table(outbox.OUTBOX_TABLE):
+    if not outbox.exists(bind):
         raise ConfigurationError(
             f"{name}: the database has no {outbox.OUTBOX_TABLE} table; run the migration that "
             "creates it first (autogenerate with semantic_orm.outbox.metadata in target_metadata; "
@@ -262,7 +262,7 @@ def _reindex_semantic(operations: Operations, operation: ReindexSemanticOp) -> i
 
 def _drop_semantic_index(operations: Operations, operation: DropSemanticIndexOp) -> None:
     if not operations.get_context().as_sql:
-        if not sa.inspect(operations.get_bind()).has_table(outbox.OUTBOX_TABLE):
+        if not outbox.exists(operations.get_bind()):
             return
     jobs = outbox.outbox
     operations.execute(

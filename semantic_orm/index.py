@@ -40,6 +40,11 @@ The save path, one module per step:
 If the embedder or the store fails, the commit has already succeeded and the job stays, with
 its attempts, last error and next retry time: nothing is lost.
 
+An index serves each table from one schema: writes, searches, worker passes and the maintenance
+tools through an engine whose ``schema_translate_map`` puts a table elsewhere than the index
+used it are refused (:mod:`~semantic_orm.schemas`); a schema per tenant takes an index per
+schema.
+
 An index created before a fork resets itself in the child (:meth:`SemanticIndex._forked`):
 its own lease token, none of the parent's waiting jobs, its own gates and retrier thread.
 
@@ -81,6 +86,7 @@ from .outbox import Job
 from .processing import Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
+from .schemas import SchemaClaims, check_connection, translated
 from .staging import SessionTracker, Staged, StagingHooks
 from .stores.base import Store
 
@@ -290,6 +296,7 @@ class SemanticIndex:
             store, collection_prefix, self._embedder_named, self.fusion.describe()
         )
         self.applier = Applier(store, self.bindings.check)
+        self._schemas = SchemaClaims()
         self.processor = Processor(
             self._resolve,
             self.applier,
@@ -298,6 +305,7 @@ class SemanticIndex:
             gate_for=self.gate_for,
             blocked=self._blocked,
             requeued=self._requeued,
+            reach=self.reach,
         )
         self._tracker = SessionTracker(
             StagingHooks(
@@ -313,6 +321,7 @@ class SemanticIndex:
                 begin=self._begin,
                 end=self._end,
                 mapper_for=self._mapper_for,
+                reach=self._reach_writing,
             )
         )
         self._models = models
@@ -440,6 +449,35 @@ class SemanticIndex:
     def _resolve(self, table: str, column: str) -> ColumnBinding | None:
         found = self.column_for(table, column)
         return None if found is None else self.bindings.binding_for(found)
+
+    def reach(self, bind: Any, columns: Iterable[SemanticColumn]) -> None:
+        """Refuse to use ``columns``' rows through ``bind`` (an engine or connection) in
+        another schema than this index already used them in (``schema_translate_map``: see
+        :mod:`semantic_orm.schemas`).
+
+        Raises:
+            ConfigurationError: Naming the column, both schemas and the fix.
+        """
+        options = bind.get_execution_options()
+        for col in columns:
+            reached = translated(col.column.table.schema, options)
+            self._schemas.claim(col.table, reached, col.label)
+
+    def reach_session(self, session: Any, column: SemanticColumn) -> None:
+        """:meth:`reach` through the bind ``session`` loads ``column``'s rows with (a search)."""
+        try:
+            bind = _sync_session(session).get_bind(mapper=column.mapper)
+        except Exception:  # no bind: loading the rows fails on its own
+            return
+        self.reach(bind, (column,))
+
+    def _reach_writing(
+        self, conn: Connection, table: Table, what: str, options: Mapping[str, Any] | None
+    ) -> None:
+        """A write of ``table`` on ``conn`` (``options``: the statement's): see
+        :func:`~semantic_orm.schemas.check_connection` and :meth:`reach`."""
+        reached = check_connection(conn, table, outbox.outbox, what, options)
+        self._schemas.claim(table_name(table), reached, what)
 
     def _mapper_for(self, table: Table) -> Mapper[Any] | None:
         name = table_name(table)
@@ -571,7 +609,7 @@ class SemanticIndex:
                     other.execute(select(func.pg_advisory_xact_lock(_OUTBOX_LOCK)))
                 outbox.create_tables(other)
         except Exception as exc:
-            if inspect(conn).has_table(outbox.OUTBOX_TABLE):
+            if outbox.exists(conn):
                 self._outbox_ready.add(engine)
                 return
             raise ConfigurationError(
@@ -703,7 +741,7 @@ class SemanticIndex:
             with engine.connect() as conn:
                 self.prepare_outbox(conn)
         elif not self.create_outbox:
-            if not inspect(engine).has_table(outbox.OUTBOX_TABLE):
+            if not outbox.exists(engine):
                 raise ConfigurationError(
                     f"the database has no {outbox.OUTBOX_TABLE} table and the index was made "
                     "with create_outbox=False: run the migration that creates it "
@@ -734,9 +772,7 @@ class SemanticIndex:
                 continue
             self.settle(engine)
             with engine.connect() as conn:
-                due = (
-                    outbox.next_due(conn) if inspect(conn).has_table(outbox.OUTBOX_TABLE) else None
-                )
+                due = outbox.next_due(conn) if outbox.exists(conn) else None
                 if due is None:
                     return total
                 if expired:
@@ -812,7 +848,7 @@ def _troubled(reports: list[ProcessReport]) -> bool:
 
 
 def _next_due(conn: Connection) -> dt.datetime | None:
-    if not inspect(conn).has_table(outbox.OUTBOX_TABLE):
+    if not outbox.exists(conn):
         return None
     return outbox.next_due(conn)
 

@@ -43,6 +43,7 @@ from .index import SemanticIndex
 from .mapping import SemanticColumn, key_values, row_key, rows_page, semantic_columns
 from .outbox import JobKey
 from .processing import read_values
+from .schemas import translated
 from .stores.base import Filter, Match, MatchAny, PointPayload
 from .stores.edge import EdgeStore
 
@@ -182,6 +183,7 @@ def reindex(
     columns = _columns(model)
     engine = _engine(index, bind)
     queued = 0
+    index.reach(engine, columns)
     for col in columns:
         binding = index.binding_for(col)
         with _bar(None, f"queue {col.label}", progress) as bar:
@@ -286,6 +288,7 @@ def _reconcile(
     restart: bool,
     progress: bool | TextIO,
 ) -> ReconcileReport:
+    index.reach(engine, (col,))
     binding = index.binding_for(col)
     name = f"reconcile:{col.table}.{col.name}"
     counts = dict.fromkeys(("rows", "in_sync", "missing", "changed", "emptied", "orphans"), 0)
@@ -352,11 +355,13 @@ def _reconcile(
 
 def _present(index: SemanticIndex, engine: Engine) -> list[SemanticColumn]:
     """The index's columns whose table this database has (a process may map others)."""
-    inspector = inspect(engine)
+    inspector, options = inspect(engine), engine.get_execution_options()
     return [
         c
         for c in index.columns()
-        if inspector.has_table(c.column.table.name, schema=c.column.table.schema)
+        if inspector.has_table(
+            c.column.table.name, schema=translated(c.column.table.schema, options)
+        )
     ]
 
 
@@ -427,9 +432,8 @@ def status(
     """Rows, indexed rows, pending, retrying and dead jobs, lag, drift and errors per column."""
     engine = _engine(index, bind)
     out: list[ColumnStatus] = []
-    inspector = inspect(engine)
     with engine.connect() as conn:
-        has_outbox = inspector.has_table(outbox.OUTBOX_TABLE)
+        has_outbox = outbox.exists(engine)
         jobs = outbox.counts(conn) if has_outbox else {}
         errors = outbox.errors(conn) if has_outbox else []
         now = dt.datetime.now(dt.UTC)
@@ -469,7 +473,7 @@ def unmapped_jobs(
 ) -> dict[tuple[str, str], int]:
     """Pending jobs naming a table and column that no model this index knows maps."""
     engine = _engine(index, bind)
-    if not inspect(engine).has_table(outbox.OUTBOX_TABLE):
+    if not outbox.exists(engine):
         return {}
     with engine.connect() as conn:
         jobs = outbox.counts(conn)
@@ -554,6 +558,7 @@ def rebuild(
     """
     columns = _columns(model, column)
     engine = _engine(index, bind)
+    index.reach(engine, columns)
     reports: list[RebuildReport] = []
     for col in columns:
         binding = index.binding_for(col)
@@ -740,7 +745,7 @@ def gc(
             if (
                 table is not None
                 and column is not None
-                and _column_exists(inspector, str(table), str(column))
+                and _column_exists(engine, inspector, str(table), str(column))
             ):
                 reason = (
                     f"{table}.{column} still exists but no imported model declares it as "
@@ -758,8 +763,9 @@ def gc(
     return found
 
 
-def _column_exists(inspector: Any, table: str, column: str) -> bool:
-    schema, _, name = table.rpartition(".")
-    if not inspector.has_table(name, schema=schema or None):
+def _column_exists(engine: Engine, inspector: Any, table: str, column: str) -> bool:
+    declared, _, name = table.rpartition(".")
+    schema = translated(declared or None, engine.get_execution_options())
+    if not inspector.has_table(name, schema=schema):
         return False
-    return any(c["name"] == column for c in inspector.get_columns(name, schema=schema or None))
+    return any(c["name"] == column for c in inspector.get_columns(name, schema=schema))

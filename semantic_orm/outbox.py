@@ -60,6 +60,7 @@ from sqlalchemy import (
     Column,
     Connection,
     DateTime,
+    Engine,
     Float,
     Index,
     Integer,
@@ -83,6 +84,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from .schemas import translated
+
 __all__ = [
     "CHECKPOINT_TABLE",
     "OUTBOX_TABLE",
@@ -95,6 +98,7 @@ __all__ = [
     "dead_letter",
     "enqueue",
     "errors",
+    "exists",
     "expedite",
     "include_in",
     "metadata",
@@ -157,14 +161,30 @@ def include_in(target: MetaData) -> Table:
 
 
 def create_tables(conn: Connection) -> None:
-    """Create the outbox and checkpoint tables if missing; add columns an older outbox lacks."""
+    """Create the outbox and checkpoint tables if missing; add columns an older outbox lacks.
+
+    In the schema ``conn``'s ``schema_translate_map`` puts them in, if any."""
     from sqlalchemy import inspect
 
     metadata.create_all(conn, checkfirst=True)
-    have = {c["name"] for c in inspect(conn).get_columns(OUTBOX_TABLE)}
+    schema = translated(outbox.schema, conn.get_execution_options())
+    have = {c["name"] for c in inspect(conn).get_columns(OUTBOX_TABLE, schema=schema)}
+    quote = conn.dialect.identifier_preparer
+    where = quote.quote(OUTBOX_TABLE)
+    if schema is not None:
+        where = f"{quote.quote_schema(schema)}.{where}"
     for name, ddl in _UPGRADE_COLUMNS.items():
         if name not in have:
-            conn.exec_driver_sql(f"ALTER TABLE {OUTBOX_TABLE} ADD COLUMN {name} {ddl}")
+            conn.exec_driver_sql(f"ALTER TABLE {where} ADD COLUMN {name} {ddl}")
+
+
+def exists(bind: Engine | Connection) -> bool:
+    """Whether ``bind``'s database has the outbox table (where its ``schema_translate_map``
+    puts it, if any: the inspector itself does not translate)."""
+    from sqlalchemy import inspect
+
+    schema = translated(outbox.schema, bind.get_execution_options())
+    return inspect(bind).has_table(OUTBOX_TABLE, schema=schema)
 
 
 def utcnow() -> dt.datetime:

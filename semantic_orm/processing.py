@@ -197,6 +197,9 @@ class Processor:
             that hands every caller the same driver connection).
         requeued: Called with an engine where a deferred settle queued rows again (their lease
             was lost): someone should process its due jobs soon.
+        reach: Called with the engine of a pass and each column whose jobs it claims, in the
+            claim's transaction: raises if the index cannot use them through that engine (a
+            schema it did not use them in, see :mod:`semantic_orm.schemas`).
     """
 
     def __init__(
@@ -209,8 +212,10 @@ class Processor:
         gate_for: Callable[[Engine], WriteGate | None],
         blocked: Callable[[Engine], bool],
         requeued: Callable[[Engine], None] = lambda engine: None,
+        reach: Callable[[Any, Sequence[SemanticColumn]], None] = lambda engine, columns: None,
     ) -> None:
         self.resolve = resolve
+        self.reach = reach
         self.applier = applier
         self.policy = policy
         self.token = token
@@ -263,7 +268,7 @@ class Processor:
         of their own. Never raises for a job's failure; raises only if the database itself
         fails.
         """
-        run = _Pass(self)
+        run = _Pass(self, engine)
         try:
             if self.blocked(engine):
                 raise Blocked
@@ -308,7 +313,7 @@ class Processor:
     ) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
         embedding and the store calls in a worker thread; the loop is never blocked."""
-        run = _Pass(self)
+        run = _Pass(self, engine)
         sync_engine = engine.sync_engine
         try:
             if self.blocked(sync_engine):
@@ -600,8 +605,9 @@ class _Pass:
     same steps; only how they get a connection and where :meth:`apply` runs differ.
     """
 
-    def __init__(self, processor: Processor) -> None:
+    def __init__(self, processor: Processor, engine: Any) -> None:
         self.processor = processor
+        self.engine = engine
         self.report = ProcessReport()
         self.orphans: list[str] = []
         self.jobs: list[Job] = []
@@ -624,9 +630,14 @@ class _Pass:
         outbox.release(conn, self.orphans)
 
     def claim(self, conn: Connection, limit: int, ids: Sequence[int] | None) -> list[Job]:
-        """Lease due jobs (or those among ``ids``)."""
+        """Lease due jobs (or those among ``ids``); a column the index cannot use through
+        this pass's engine raises in the claim's transaction, which leaves them as they were."""
         p = self.processor
         claimed = outbox.claim(conn, token=p.token, lease=p.policy.lease, limit=limit, ids=ids)
+        for table, column in dict.fromkeys((job.key.table, job.key.column) for job in claimed):
+            binding = p.resolve(table, column)
+            if binding is not None:
+                p.reach(self.engine, (binding.column,))
         if ids is not None:
             self.report.skipped = len(ids) - len(claimed)
         return claimed

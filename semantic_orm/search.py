@@ -894,6 +894,7 @@ class _Search:
                 "index.install(your_sessionmaker) or pass index=..."
             )
         self.index = idx
+        idx.reach_session(session, col)
         self.binding = idx.binding_for(col)
         _check_structure(opts, self.binding)
         self.model = model

@@ -172,6 +172,9 @@ class StagingHooks:
             connection and whether the session joined a transaction it does not own.
         end: Called when that transaction ends (same arguments).
         mapper_for: The mapper of a table, for statements on a bare ``Table``.
+        reach: Called before a table's jobs are written on a connection (with the column or
+            table, for messages, and a statement's own execution options): refuses a schema
+            the index cannot follow (see :mod:`semantic_orm.schemas`).
     """
 
     register: Callable[[SemanticColumn], None]
@@ -186,6 +189,7 @@ class StagingHooks:
     begin: Callable[[Engine, Connection, bool], None]
     end: Callable[[Engine, Connection, bool], None]
     mapper_for: Callable[[Table], Mapper[Any] | None]
+    reach: Callable[[Connection, Table, str, Mapping[str, Any] | None], None]
 
 
 def _staged(session: Session) -> dict[SessionTransaction, dict[Engine, Staged]]:
@@ -423,6 +427,8 @@ class SessionTracker:
             written.clear()
         for mapper, keys in by_mapper.items():
             conn = session.connection(bind_arguments={"mapper": mapper})
+            for col in semantic_columns(mapper):
+                self.hooks.reach(conn, col.column.table, col.label, None)
             self._stage(session, conn, keys, written)
 
     def _stage(
@@ -517,6 +523,7 @@ class SessionTracker:
             return clauseelement, multiparams, params
         rows = list(multiparams) if multiparams else [params] if params else [{}]
         _check_values(clauseelement, rows, semantic, table)
+        self.hooks.reach(conn, table, f"table {table_name(table)!r}", execution_options)
         plan = _plan(conn, clauseelement, rows, table, semantic, self._filter_keys(table, semantic))
         if plan is None:
             return clauseelement, multiparams, params

@@ -1,0 +1,265 @@
+"""Schema translation (``schema_translate_map``): one index per schema, and refusals.
+
+A schema-per-tenant application puts each tenant's tables in its own schema through an engine
+that translates the declared one. A vector collection knows nothing of schemas, so one index
+serving two schemas would mix their rows' points (the same primary keys overwrite each other):
+it refuses the second schema instead, and an index per schema (with its own collection prefix)
+keeps them apart. Each test runs on SQLite (schemas are attached databases) and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import String, insert, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from semantic_orm import (
+    ConfigurationError,
+    SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
+    outbox,
+)
+from semantic_orm.maintenance import reconcile
+from semantic_orm.mapping import semantic_columns
+from semantic_orm.testing import HashEmbedder, MemoryStore
+
+from .helpers import COLL, assert_index_matches_database, expected_points
+from .models import Article, Base
+
+TENANTS = ("t1", "t2")
+
+
+@pytest.fixture
+def tenants(engine: Engine, tmp_path: Path) -> Callable[[str], Engine]:
+    """Schemas ``t1`` and ``t2`` on ``engine``'s database (SQLite: attached databases); returns
+    the engine of one, which translates the default schema into it, with the tables made."""
+    if engine.dialect.name == "sqlite":
+
+        @sa.event.listens_for(engine, "connect")
+        def _attach(dbapi_conn: Any, record: Any) -> None:
+            for name in TENANTS:
+                dbapi_conn.execute(f"ATTACH DATABASE '{tmp_path / name}.sqlite3' AS {name}")
+
+    else:
+        with engine.begin() as conn:
+            for name in TENANTS:
+                conn.execute(text(f"CREATE SCHEMA {name}"))
+    made: dict[str, Engine] = {}
+
+    def tenant(name: str) -> Engine:
+        if name not in made:
+            made[name] = engine.execution_options(schema_translate_map={None: name})
+            Base.metadata.create_all(made[name])
+        return made[name]
+
+    return tenant
+
+
+def _write(factory: sessionmaker[Session], *rows: tuple[int, str]) -> None:
+    with factory() as s:
+        for key, body in rows:
+            s.merge(Article(id=key, title=f"a{key}", content=body))
+        s.commit()
+
+
+RIVER = "The river floods the delta every spring. " * 4
+MOUNTAIN = "Snow stays on the mountain until the summer. " * 4
+
+
+def test_an_index_per_schema_keeps_each_schemas_rows_apart(
+    tenants: Callable[[str], Engine], store: Any
+) -> None:
+    indexes, factories = {}, {}
+    for name in TENANTS:
+        # the library creates each schema's outbox itself (create_outbox defaults to True)
+        indexes[name] = SemanticIndex(
+            store=store, embedder=HashEmbedder(dimension=64), collection_prefix=f"{name}_"
+        )
+        factories[name] = sessionmaker(tenants(name), expire_on_commit=False)
+        indexes[name].install(factories[name])
+    # the same primary keys in both schemas, with other texts
+    _write(factories["t1"], (1, RIVER), (2, "Rain on the lake. " * 3))
+    _write(factories["t2"], (1, MOUNTAIN), (2, "Wind over the ice field. " * 3))
+    _write(factories["t1"], (2, "Clouds gather over the marsh. " * 3))
+    with factories["t2"]() as s:
+        s.delete(s.get(Article, 2))
+        s.commit()
+    for name in TENANTS:
+        indexes[name].settle()
+        with tenants(name).connect() as conn:
+            assert outbox.pending(conn) == []
+            assert sa.inspect(conn).has_table(outbox.OUTBOX_TABLE, schema=name)
+        points = assert_index_matches_database(tenants(name), store, collection=f"{name}_{COLL}")
+        assert points > 0
+    for name, query, own in (("t1", "river delta flood", RIVER), ("t2", "mountain snow", MOUNTAIN)):
+        with factories[name]() as s:
+            hits = Article.semantic_search(s, query, limit=5)
+            assert hits and hits[0].obj.content == own
+            assert all(h.text in h.obj.content for h in hits)
+    with factories["t2"]() as s:
+        assert [h.obj.id for h in Article.semantic_search(s, "clouds marsh", limit=5)] == [1]
+
+
+@pytest.fixture
+def index() -> Iterator[SemanticIndex]:
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(dimension=64))
+    yield idx
+    idx.close()
+
+
+def test_one_index_refuses_a_second_schema(
+    tenants: Callable[[str], Engine], index: SemanticIndex
+) -> None:
+    first = sessionmaker(tenants("t1"), expire_on_commit=False)
+    index.install(first)
+    _write(first, (1, RIVER), (2, "Rain on the lake. " * 3))
+    with first(bind=tenants("t2")) as s:  # a session of the same factory, bound to t2
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match=r"Article\.content.*schema 't2'.*schema 't1'"):
+            s.commit()
+    second = sessionmaker(tenants("t2"), expire_on_commit=False)
+    index.install(second)
+    with second() as s:
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match="collection_prefix"):
+            s.commit()
+    with tenants("t2").connect() as conn:  # nothing committed there, and no job
+        assert conn.execute(select(Article.id)).all() == []
+    assert_index_matches_database(tenants("t1"), index.store)  # t1's points untouched
+    with second() as s, pytest.raises(ConfigurationError, match="schema 't2'"):
+        Article.semantic_search(s, "mountain")
+    # a worker pass through the other schema: its jobs would sync t2's rows into t1's points
+    with tenants("t2").begin() as conn:
+        outbox.create_tables(conn)
+        outbox.enqueue(conn, [("article", "content", "1")])
+        conn.execute(insert(Article).values(id=1, title="a1", content=MOUNTAIN))
+    with pytest.raises(ConfigurationError, match="schema 't2'"):
+        index.process(bind=tenants("t2"))
+    with tenants("t2").connect() as conn:  # the job stays, unclaimed, for that schema's index
+        assert [(j["row_pk"], j["claimed_by"]) for j in outbox.pending(conn)] == [("1", None)]
+    # reconcile through the other schema would take t1's row 2 for gone: refused
+    with pytest.raises(ConfigurationError, match="schema 't2'"):
+        reconcile(index, Article, bind=tenants("t2"), process=False)
+    assert_index_matches_database(tenants("t1"), index.store)
+
+
+def test_a_translation_on_the_connection_alone_is_refused(
+    tenants: Callable[[str], Engine], engine: Engine, index: SemanticIndex
+) -> None:
+    tenants("t1")  # its tables
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    index.install(factory)
+    translate = {"schema_translate_map": {None: "t1"}}
+    with factory() as s:
+        s.connection(execution_options=translate)
+        s.add(Article(id=1, title="a1", content=RIVER))
+        with pytest.raises(ConfigurationError, match="Set the map on the engine"):
+            s.commit()
+    with factory() as s:  # a statement's own options: refused before it runs
+        stmt = insert(Article).values(id=2, title="a2", content=RIVER)
+        with pytest.raises(ConfigurationError, match="engine"):
+            s.execute(stmt, execution_options=translate)
+    for bind in (engine, tenants("t1")):
+        with bind.connect() as conn:
+            assert conn.execute(select(Article.id)).all() == []
+    _write(factory, (3, RIVER))  # the engine's own schema still works
+    assert assert_index_matches_database(engine, index.store) > 0
+
+
+class _AppBase(DeclarativeBase):
+    pass
+
+
+class Entry(SemanticSearchMixin, _AppBase):
+    """A table declared in a schema of its own (``books``)."""
+
+    __tablename__ = "entry"
+    __table_args__ = {"schema": "books"}  # noqa: RUF012
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(50))
+    body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=200, overlap=0))
+
+
+def test_the_outbox_must_move_with_a_translated_table(
+    tenants: Callable[[str], Engine], engine: Engine, index: SemanticIndex
+) -> None:
+    # (the same keys in both maps: SQLAlchemy's compiled statements require it)
+    alone = engine.execution_options(schema_translate_map={"books": "t1", None: None})
+    with_outbox = engine.execution_options(schema_translate_map={"books": "t1", None: "t1"})
+    tenants("t1")
+    _AppBase.metadata.create_all(alone)
+    index.install(factory := sessionmaker(alone, expire_on_commit=False))
+    with factory() as s:
+        s.add(Entry(id=1, title="m", body=RIVER))
+        with pytest.raises(ConfigurationError, match=r"outbox.*None: 't1'"):
+            s.commit()
+    index.uninstall(factory)
+    index.install(factory := sessionmaker(with_outbox, expire_on_commit=False))
+    with factory() as s:
+        s.add(Entry(id=1, title="m", body=RIVER))
+        s.commit()
+    index.settle()
+    with with_outbox.connect() as conn:
+        assert outbox.pending(conn) == []
+    (column,) = semantic_columns(sa.inspect(Entry))
+    assert len(index.store.points(index.binding_for(column).collection)) == 1
+
+
+@pytest.mark.asyncio
+async def test_async_sessions_follow_the_same_rules(aengine: AsyncEngine, tmp_path: Path) -> None:
+    sync = aengine.sync_engine
+    if sync.dialect.name == "sqlite":
+
+        @sa.event.listens_for(sync, "connect")
+        def _attach(dbapi_conn: Any, record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            for name in TENANTS:
+                cursor.execute(f"ATTACH DATABASE '{tmp_path / name}.sqlite3' AS {name}")
+            cursor.close()
+
+        await aengine.dispose()  # the fixture's connection was made before the attachments
+    else:
+        async with aengine.begin() as conn:
+            for name in TENANTS:
+                await conn.execute(text(f"CREATE SCHEMA {name}"))
+    engines = {n: aengine.execution_options(schema_translate_map={None: n}) for n in TENANTS}
+    for made in engines.values():
+        async with made.begin() as conn:
+            await conn.run_sync(Base.metadata.create_all)
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(dimension=64))
+    factory = async_sessionmaker(engines["t1"], expire_on_commit=False)
+    idx.install(factory)
+    try:
+        async with factory() as s:
+            s.add(Article(id=1, title="a1", content=RIVER))
+            await s.commit()
+        await idx.adrain(factory, timeout=30)
+        async with factory() as s:
+            hits = await Article.asemantic_search(s, "river delta", limit=3)
+            assert [h.obj.content for h in hits] == [RIVER]
+        async with factory(bind=engines["t2"]) as s:
+            s.add(Article(id=1, title="a1", content=MOUNTAIN))
+            with pytest.raises(ConfigurationError, match="schema 't2'"):
+                await s.commit()
+        async with factory(bind=engines["t2"]) as s:
+            with pytest.raises(ConfigurationError, match="schema 't2'"):
+                await Article.asemantic_search(s, "mountain")
+            assert (await s.scalars(select(Article.id))).all() == []
+        got = sorted(
+            (p.payload["chunk_index"], p.payload["start_offset"], p.payload["end_offset"])
+            for p in idx.store.points(COLL)
+            if p.payload["pk"] == "1"
+        )  # t1's text, all of it, and nothing else
+        assert got == [c[:3] for c in expected_points(Article, "content", RIVER)]
+        assert len(idx.store.points(COLL)) == len(got)
+    finally:
+        idx.uninstall(factory)

@@ -86,8 +86,8 @@ from .outbox import Job
 from .processing import Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
-from .schemas import SchemaClaims, check_connection, translated
-from .staging import SessionTracker, Staged, StagingHooks
+from .schemas import SchemaClaims, check_connection, jobs_at, translated
+from .staging import SessionTracker, Staged, StagingHooks, session_connection
 from .stores.base import Store
 
 __all__ = ["SemanticIndex", "index_for"]
@@ -459,25 +459,37 @@ class SemanticIndex:
             ConfigurationError: Naming the column, both schemas and the fix.
         """
         options = bind.get_execution_options()
-        for col in columns:
-            reached = translated(col.column.table.schema, options)
-            self._schemas.claim(col.table, reached, col.label)
+        self._schemas.claim(
+            [(c.table, translated(c.column.table.schema, options), c.label, None) for c in columns]
+        )
 
     def reach_session(self, session: Any, column: SemanticColumn) -> None:
-        """:meth:`reach` through the bind ``session`` loads ``column``'s rows with (a search)."""
+        """:meth:`reach` through what ``session`` loads ``column``'s rows with (a search): its
+        bind, and the connection its transaction holds there, if any."""
+        sync = _sync_session(session)
         try:
-            bind = _sync_session(session).get_bind(mapper=column.mapper)
+            bind = sync.get_bind(mapper=column.mapper)
         except Exception:  # no bind: loading the rows fails on its own
             return
+        conn = bind if isinstance(bind, Connection) else session_connection(sync, bind)
+        if conn is not None:
+            check_connection(conn, (column.column.table.schema,), column.label, None)
         self.reach(bind, (column,))
 
     def _reach_writing(
-        self, conn: Connection, table: Table, what: str, options: Mapping[str, Any] | None
+        self, writes: Sequence[tuple[Connection, Table, str]], options: Mapping[str, Any] | None
     ) -> None:
-        """A write of ``table`` on ``conn`` (``options``: the statement's): see
-        :func:`~semantic_orm.schemas.check_connection` and :meth:`reach`."""
-        reached = check_connection(conn, table, outbox.outbox, what, options)
-        self._schemas.claim(table_name(table), reached, what)
+        """Writes of tables (each with what to call it) on connections (``options``: a
+        statement's own): each connection translates as its engine does, and this index and
+        each engine's outbox keep every table in one schema (see :mod:`semantic_orm.schemas`);
+        nothing is claimed unless all pass."""
+        claims = []
+        for conn, table, what in writes:
+            check_connection(conn, (table.schema, outbox.outbox.schema), what, options)
+            engine = conn.engine
+            reached = translated(table.schema, engine.get_execution_options())
+            claims.append((table_name(table), reached, what, jobs_at(engine, outbox.outbox)))
+        self._schemas.claim(claims)
 
     def _mapper_for(self, table: Table) -> Mapper[Any] | None:
         name = table_name(table)
@@ -772,7 +784,7 @@ class SemanticIndex:
                 continue
             self.settle(engine)
             with engine.connect() as conn:
-                due = outbox.next_due(conn) if outbox.exists(conn) else None
+                due = _next_due(conn)
                 if due is None:
                     return total
                 if expired:

@@ -437,7 +437,9 @@ def status(
         jobs = outbox.counts(conn) if has_outbox else {}
         errors = outbox.errors(conn) if has_outbox else []
         now = dt.datetime.now(dt.UTC)
-        for col in _present(index, engine):
+        present = _present(index, engine)
+        index.reach(engine, present)
+        for col in present:
             table = col.column.table
             binding = index.binding_for(col)
             rows = conn.execute(select(func.count()).select_from(table)).scalar_one()

@@ -266,7 +266,8 @@ class Processor:
         their rows (those are not read again, see :meth:`_Pass.group`); with ``defer``, if
         every one of them succeeds they are settled later (:attr:`later`), not in a transaction
         of their own. Never raises for a job's failure; raises only if the database itself
-        fails.
+        fails, or if ``reach`` refuses the engine for a claimed job's column (the claim is
+        undone).
         """
         run = _Pass(self, engine)
         try:

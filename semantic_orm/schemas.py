@@ -10,31 +10,39 @@ The rules, enforced where rows are written, searched and processed:
 * **The engine translates, not a connection, a session or a statement.** A commit's sync, the
   retrier and the workers read the rows and the outbox through the engine; a map set on a
   connection alone would have them read another schema (:func:`check_connection`).
-* **The outbox moves with the table.** A table translated into a schema takes the outbox (whose
-  table is declared without a schema) into the same one: an outbox shared by several schemas
-  would have each schema's workers take the others' jobs and read their keys in the wrong rows.
-* **One schema per declared schema, per index** (:class:`SchemaClaims`): an index that has
-  written, searched or processed a table in one schema refuses another. Give each schema its
-  own ``SemanticIndex`` (with its own ``collection_prefix``), installed on a sessionmaker bound
-  to that schema's engine.
+* **One schema per table, per index** (:class:`SchemaClaims`): an index that has written,
+  searched or processed a table in one schema refuses another for the life of the index. Give
+  each schema its own ``SemanticIndex`` (with its own ``collection_prefix``), installed on a
+  sessionmaker bound to that schema's engine.
+* **One schema per table, per outbox** (for the whole process, :meth:`SchemaClaims.claim`):
+  an outbox (declared without a schema) left where it is while a table moves is fine for one
+  translation (a renamed schema), but two translations of one table writing to the same outbox
+  would have each schema's worker take the other's jobs and look for their keys in its own rows:
+  the second is refused.
+
+A claim is made only when every table of the operation passes, so a refused operation pins
+nothing; a claim holds for the life of the index (the process, for an outbox).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Engine, Table
 
 from .exc import ConfigurationError
 from .forking import RenewedLock
 
-__all__ = ["SchemaClaims", "check_connection", "translated"]
+__all__ = ["Claim", "SchemaClaims", "check_connection", "jobs_at", "translated"]
 
 OPTION = "schema_translate_map"
 _FIX = (
-    "Give each schema its own SemanticIndex (collection_prefix=...) installed on a sessionmaker "
-    "bound to that schema's engine, engine.execution_options(schema_translate_map=...)"
+    "Give each schema its own SemanticIndex, with its own collection_prefix, installed on a "
+    "sessionmaker bound to that schema's engine (engine.execution_options("
+    "schema_translate_map=...))."
 )
 
 
@@ -49,53 +57,76 @@ def _shown(schema: str | None) -> str:
 
 
 def check_connection(
-    conn: Connection,
-    table: Table,
-    outbox: Table,
-    what: str,
-    options: Mapping[str, Any] | None = None,
-) -> str | None:
-    """Refuse a write to ``table`` on ``conn`` that the index could not follow; return the
-    schema it reaches.
-
-    Args:
-        conn: The connection of the write.
-        table: The table with a semantic column it writes.
-        outbox: The outbox table (its jobs go there).
-        what: The column or table, for messages.
-        options: The statement's own execution options, if any.
+    conn: Connection, schemas: Iterable[str | None], what: str, options: Mapping[str, Any] | None
+) -> None:
+    """Refuse a connection (or a statement on it, with its own execution ``options``) that
+    translates any of the declared ``schemas`` otherwise than its engine does.
 
     Raises:
-        ConfigurationError: A connection, session or statement translates the table or the
-            outbox otherwise than its engine does, or the table is translated into a schema the
-            outbox is not.
+        ConfigurationError: Naming ``what`` (the column or table), both schemas and the fix.
     """
     engine = conn.engine.get_execution_options()
     here: Mapping[str, Any] = conn.get_execution_options()
     if options and OPTION in options:
         here = {**here, OPTION: options[OPTION]}
-    for declared in (table.schema, outbox.schema):
+    for declared in schemas:
         reached, synced = translated(declared, here), translated(declared, engine)
         if reached != synced:
             raise ConfigurationError(
-                f"{what}: this write reaches {_shown(reached)} through a schema_translate_map "
-                f"set on the connection, the session or the statement, but its engine puts "
+                f"{what}: this reaches {_shown(reached)} through a schema_translate_map set on "
+                f"the connection, the session or the statement, but its engine puts "
                 f"{_shown(declared)} in {_shown(synced)}; the commit's sync and the workers read "
                 "rows and jobs through the engine, so they would read another schema. Set the "
                 "map on the engine (engine.execution_options(schema_translate_map=...)) and bind "
-                "the session to that engine"
+                "the session to that engine."
             )
-    reached = translated(table.schema, engine)
-    jobs = translated(outbox.schema, engine)
-    if reached != table.schema and reached != jobs:
-        raise ConfigurationError(
-            f"{what}: schema_translate_map puts the table in {_shown(reached)} but leaves the "
-            f"outbox table {outbox.name!r} in {_shown(jobs)}, where the jobs of every schema "
-            "translated that way would meet (each schema's sync would take the others' jobs and "
-            f"read their keys in its own rows). Translate the outbox's schema too: "
-            f"schema_translate_map={{..., {outbox.schema!r}: {reached!r}}}"
-        )
-    return reached
+
+
+Claim = tuple[str, str | None, str, Any]
+"""A declared table's name, the schema an operation reaches it in, what to call it, and for a
+write where its jobs go (:func:`jobs_at`; ``None``: not a write, or untracked)."""
+
+_lock = RenewedLock()
+_outboxes: dict[tuple[Any, str], tuple[str | None, str]] = {}
+_databases: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def jobs_at(engine: Engine, outbox: Table) -> Any:
+    """Which outbox ``engine`` writes jobs to: its database (as far as the URL tells) and the
+    schema the outbox is translated into; ``None`` for an in-memory SQLite database (one per
+    engine or connection, shared by nothing)."""
+    database = _database(engine)
+    if database is None:
+        return None
+    return (database, translated(outbox.schema, engine.get_execution_options()))
+
+
+def _database(engine: Engine) -> Any:
+    """Which database ``engine`` reaches, as far as its URL tells (``None``: an in-memory
+    SQLite database, one per engine or connection)."""
+    found = _databases.get(engine, _UNKNOWN)
+    if found is _UNKNOWN:
+        url = engine.url
+        backend, name = url.get_backend_name(), url.database
+        if backend == "sqlite":
+            if not name or name == ":memory:" or name.startswith("file::memory:"):
+                found = None
+            else:
+                found = (backend, os.path.abspath(name))
+        else:
+            found = (backend, url.host, url.port, name)
+        _databases[engine] = found
+    return found
+
+
+_UNKNOWN: Any = object()
+
+
+def _conflict(first: tuple[str | None, str], reached: str | None, what: str, where: str) -> str:
+    return (
+        f"{what} is used in {_shown(reached)} here, but {where} already used {first[1]} in "
+        f"{_shown(first[0])} (schema_translate_map)"
+    )
 
 
 class SchemaClaims:
@@ -103,23 +134,36 @@ class SchemaClaims:
 
     def __init__(self) -> None:
         self._reached: dict[str, tuple[str | None, str]] = {}
-        self._lock = RenewedLock()
 
-    def claim(self, table: str, reached: str | None, what: str) -> None:
-        """Note that ``table`` (its declared name; ``what`` describes it) is used in schema
-        ``reached``.
+    def claim(self, claims: Sequence[Claim]) -> None:
+        """Note each table's schema, and where a write's jobs go (for the whole process): all
+        of them, or none when one conflicts.
 
         Raises:
-            ConfigurationError: This index already used ``table`` in another schema.
+            ConfigurationError: This index already used a table in another schema, or that
+                outbox already holds the jobs of the table in another schema.
         """
-        first = self._reached.get(table)
-        if first is None:
-            with self._lock:
-                first = self._reached.setdefault(table, (reached, what))
-        if first[0] != reached:
-            raise ConfigurationError(
-                f"{what} is used in {_shown(reached)} here, but this SemanticIndex already "
-                f"used {first[1]} in {_shown(first[0])} (schema_translate_map): the rows of both "
-                "schemas would share its vector collection, overwriting each other's points "
-                f"and answering each other's searches. {_FIX}"
-            )
+        with _lock:
+            for table, reached, what, _ in claims:
+                first = self._reached.get(table)
+                if first is not None and first[0] != reached:
+                    raise ConfigurationError(
+                        f"{_conflict(first, reached, what, 'this SemanticIndex')}: the rows of "
+                        "both schemas would share its vector collection, overwriting each "
+                        f"other's points and answering each other's searches. {_FIX}"
+                    )
+            for table, reached, what, jobs in claims:
+                first = None if jobs is None else _outboxes.get((jobs, table))
+                if first is not None and first[0] != reached:
+                    raise ConfigurationError(
+                        f"{_conflict(first, reached, what, 'this process')}, and the jobs of both "
+                        f"go to the outbox table in {_shown(jobs[1])}: each schema's sync would "
+                        "take the other's jobs and look for their keys in its own rows. Put the "
+                        "outbox in each schema with the table (schema_translate_map={None: "
+                        "<schema>, ...}; declare the tables that stay shared with their schema), "
+                        "or keep one schema and give the column tenant=..."
+                    )
+            for table, reached, what, jobs in claims:
+                self._reached.setdefault(table, (reached, what))
+                if jobs is not None:
+                    _outboxes.setdefault((jobs, table), (reached, what))

@@ -172,9 +172,9 @@ class StagingHooks:
             connection and whether the session joined a transaction it does not own.
         end: Called when that transaction ends (same arguments).
         mapper_for: The mapper of a table, for statements on a bare ``Table``.
-        reach: Called before a table's jobs are written on a connection (with the column or
-            table, for messages, and a statement's own execution options): refuses a schema
-            the index cannot follow (see :mod:`semantic_orm.schemas`).
+        reach: Called before jobs are written, with each connection and table written (and the
+            column or table to name in messages) and a statement's own execution options:
+            refuses a schema the index cannot follow (see :mod:`semantic_orm.schemas`).
     """
 
     register: Callable[[SemanticColumn], None]
@@ -189,7 +189,14 @@ class StagingHooks:
     begin: Callable[[Engine, Connection, bool], None]
     end: Callable[[Engine, Connection, bool], None]
     mapper_for: Callable[[Table], Mapper[Any] | None]
-    reach: Callable[[Connection, Table, str, Mapping[str, Any] | None], None]
+    reach: Callable[[Sequence[tuple[Connection, Table, str]], Mapping[str, Any] | None], None]
+
+
+def session_connection(session: Session, engine: Engine) -> Connection | None:
+    """The connection ``session``'s transaction holds on ``engine``, if it began one there
+    (as the tracker of an installed index recorded it)."""
+    found = session.info.get(_CONNECTIONS, {}).get(engine)
+    return None if found is None else found[0]
 
 
 def _staged(session: Session) -> dict[SessionTransaction, dict[Engine, Staged]]:
@@ -425,10 +432,15 @@ class SessionTracker:
         if rewritten:
             _forget_written(session)
             written.clear()
-        for mapper, keys in by_mapper.items():
-            conn = session.connection(bind_arguments={"mapper": mapper})
-            for col in semantic_columns(mapper):
-                self.hooks.reach(conn, col.column.table, col.label, None)
+        writes = [
+            (session.connection(bind_arguments={"mapper": mapper}), mapper, keys)
+            for mapper, keys in by_mapper.items()
+        ]
+        self.hooks.reach(
+            [(conn, c.column.table, c.label) for conn, m, _ in writes for c in semantic_columns(m)],
+            None,
+        )
+        for conn, _, keys in writes:
             self._stage(session, conn, keys, written)
 
     def _stage(
@@ -523,7 +535,8 @@ class SessionTracker:
             return clauseelement, multiparams, params
         rows = list(multiparams) if multiparams else [params] if params else [{}]
         _check_values(clauseelement, rows, semantic, table)
-        self.hooks.reach(conn, table, f"table {table_name(table)!r}", execution_options)
+        what = ", ".join(f"{table_name(table)}.{c.name}" for c in semantic)
+        self.hooks.reach([(conn, table, what)], execution_options)
         plan = _plan(conn, clauseelement, rows, table, semantic, self._filter_keys(table, semantic))
         if plan is None:
             return clauseelement, multiparams, params

@@ -93,7 +93,8 @@ class Worker(_Drainer):
         while not self._stop.is_set():
             try:
                 report = self.run_once()
-            except Exception:  # the database itself failed: log, wait, try again
+            except Exception:  # the database failed, or the index refused this engine (a
+                # schema it does not serve): log, wait, try again
                 log.exception("semantic_orm worker: processing failed")
                 self._stop.wait(self.poll_interval)
                 continue
@@ -146,7 +147,8 @@ class AsyncWorker(_Drainer):
         while not self._stop.is_set():
             try:
                 report = await self.run_once()
-            except Exception:  # the database itself failed: log, wait, try again
+            except Exception:  # the database failed, or the index refused this engine (a
+                # schema it does not serve): log, wait, try again
                 log.exception("semantic_orm worker: processing failed")
                 report = ProcessReport()
             if report.claimed == 0:

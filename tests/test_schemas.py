@@ -32,7 +32,7 @@ from semantic_orm.mapping import semantic_columns
 from semantic_orm.testing import HashEmbedder, MemoryStore
 
 from .helpers import COLL, assert_index_matches_database, expected_points
-from .models import Article, Base
+from .models import Article, Base, Note
 
 TENANTS = ("t1", "t2")
 
@@ -125,6 +125,14 @@ def test_one_index_refuses_a_second_schema(
         s.add(Article(id=1, title="a1", content=MOUNTAIN))
         with pytest.raises(ConfigurationError, match=r"Article\.content.*schema 't2'.*schema 't1'"):
             s.commit()
+    with first(bind=tenants("t2")) as s:  # a refused flush claims none of its tables
+        s.add(Note(slug="n", summary=RIVER))
+        s.add(Article(id=3, title="a3", content=RIVER))
+        with pytest.raises(ConfigurationError, match="schema 't2'"):
+            s.commit()
+    with first() as s:  # Note still free to be used in t1
+        s.add(Note(slug="n", summary=RIVER))
+        s.commit()
     second = sessionmaker(tenants("t2"), expire_on_commit=False)
     index.install(second)
     with second() as s:
@@ -172,6 +180,10 @@ def test_a_translation_on_the_connection_alone_is_refused(
         with bind.connect() as conn:
             assert conn.execute(select(Article.id)).all() == []
     _write(factory, (3, RIVER))  # the engine's own schema still works
+    with factory() as s:  # a search whose session reads through a translating connection
+        s.connection(execution_options=translate)
+        with pytest.raises(ConfigurationError, match="Set the map on the engine"):
+            Article.semantic_search(s, "river")
     assert assert_index_matches_database(engine, index.store) > 0
 
 
@@ -189,29 +201,49 @@ class Entry(SemanticSearchMixin, _AppBase):
     body: Mapped[str | None] = mapped_column(SemanticText(chunk_size=200, overlap=0))
 
 
-def test_the_outbox_must_move_with_a_translated_table(
-    tenants: Callable[[str], Engine], engine: Engine, index: SemanticIndex
+def test_one_outbox_holds_the_jobs_of_one_schema_per_table(
+    tenants: Callable[[str], Engine], engine: Engine
 ) -> None:
-    # (the same keys in both maps: SQLAlchemy's compiled statements require it)
-    alone = engine.execution_options(schema_translate_map={"books": "t1", None: None})
-    with_outbox = engine.execution_options(schema_translate_map={"books": "t1", None: "t1"})
-    tenants("t1")
-    _AppBase.metadata.create_all(alone)
-    index.install(factory := sessionmaker(alone, expire_on_commit=False))
-    with factory() as s:
-        s.add(Entry(id=1, title="m", body=RIVER))
-        with pytest.raises(ConfigurationError, match=r"outbox.*None: 't1'"):
-            s.commit()
-    index.uninstall(factory)
-    index.install(factory := sessionmaker(with_outbox, expire_on_commit=False))
+    tenants("t1")  # the schemas
+    tenants("t2")
+
+    def through(translate: dict[str | None, str | None]) -> tuple[SemanticIndex, Any]:
+        # (the same keys in every map: SQLAlchemy's compiled statements require it)
+        bound = engine.execution_options(schema_translate_map=translate)
+        _AppBase.metadata.create_all(bound)
+        idx = SemanticIndex(
+            store=MemoryStore(), embedder=HashEmbedder(dimension=64), collection_prefix="x_"
+        )
+        idx.install(factory := sessionmaker(bound, expire_on_commit=False))
+        return idx, factory
+
+    def entries(idx: SemanticIndex) -> int:
+        (column,) = semantic_columns(sa.inspect(Entry))
+        return len(idx.store.points(idx.binding_for(column).collection))
+
+    # one translation of the table, the outbox left in the default schema: a renamed schema
+    first, factory = through({"books": "t1", None: None})
     with factory() as s:
         s.add(Entry(id=1, title="m", body=RIVER))
         s.commit()
-    index.settle()
-    with with_outbox.connect() as conn:
+    first.drain(factory)
+    assert entries(first) == 1
+    # a second translation writing its jobs to that outbox: refused, even through another index
+    _, factory = through({"books": "t2", None: None})
+    with factory() as s:
+        s.add(Entry(id=1, title="m", body=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match=r"outbox table in the default schema"):
+            s.commit()
+    with engine.connect() as conn:  # nothing queued for the first one's worker to take
         assert outbox.pending(conn) == []
-    (column,) = semantic_columns(sa.inspect(Entry))
-    assert len(index.store.points(index.binding_for(column).collection)) == 1
+    # each schema with its own outbox: both sync
+    for name in ("t1", "t2"):
+        idx, factory = through({"books": name, None: name})
+        with factory() as s:
+            s.add(Entry(id=2, title="m", body=MOUNTAIN))
+            s.commit()
+        idx.drain(factory)
+        assert entries(idx) == 1
 
 
 @pytest.mark.asyncio

@@ -89,6 +89,7 @@ write where its jobs go (:func:`jobs_at`; ``None``: not a write, or untracked)."
 _lock = RenewedLock()
 _outboxes: dict[tuple[Any, str], tuple[str | None, str]] = {}
 _databases: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+_UNKNOWN: Any = object()
 
 
 def jobs_at(engine: Engine, outbox: Table) -> Any:
@@ -117,9 +118,6 @@ def _database(engine: Engine) -> Any:
             found = (backend, url.host, url.port, name)
         _databases[engine] = found
     return found
-
-
-_UNKNOWN: Any = object()
 
 
 def _conflict(first: tuple[str | None, str], reached: str | None, what: str, where: str) -> str:

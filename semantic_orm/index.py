@@ -322,6 +322,7 @@ class SemanticIndex:
                 end=self._end,
                 mapper_for=self._mapper_for,
                 reach=self._reach_writing,
+                ended=self._schemas.end,
             )
         )
         self._models = models
@@ -477,19 +478,23 @@ class SemanticIndex:
         self.reach(bind, (column,))
 
     def _reach_writing(
-        self, writes: Sequence[tuple[Connection, Table, str]], options: Mapping[str, Any] | None
+        self,
+        writes: Sequence[tuple[Connection, Table, str]],
+        options: Mapping[str, Any] | None,
+        owner: object | None,
     ) -> None:
         """Writes of tables (each with what to call it) on connections (``options``: a
-        statement's own): each connection translates as its engine does, and this index and
-        each engine's outbox keep every table in one schema (see :mod:`semantic_orm.schemas`);
-        nothing is claimed unless all pass."""
+        statement's own), in transaction ``owner``: each connection translates as its engine
+        does, and this index and each engine's outbox keep every table in one schema (see
+        :mod:`semantic_orm.schemas`); nothing is claimed unless all pass, and the claims go if
+        ``owner`` does not commit."""
         claims = []
         for conn, table, what in writes:
             check_connection(conn, (table.schema, outbox.outbox.schema), what, options)
             engine = conn.engine
             reached = translated(table.schema, engine.get_execution_options())
             claims.append((table_name(table), reached, what, jobs_at(engine, outbox.outbox)))
-        self._schemas.claim(claims)
+        self._schemas.claim(claims, owner)
 
     def _mapper_for(self, table: Table) -> Mapper[Any] | None:
         name = table_name(table)

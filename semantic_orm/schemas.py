@@ -21,7 +21,9 @@ The rules, enforced where rows are written, searched and processed:
   the second is refused.
 
 A claim is made only when every table of the operation passes, so a refused operation pins
-nothing; a claim holds for the life of the index (the process, for an outbox).
+nothing. A write's claims hold while its transaction is open and for good once it commits (a
+rolled-back write leaves none); those of a search, a worker pass or a maintenance tool hold for
+good. For good means the life of the index (of the process, for an outbox).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
@@ -86,8 +89,62 @@ Claim = tuple[str, str | None, str, Any]
 """A declared table's name, the schema an operation reaches it in, what to call it, and for a
 write where its jobs go (:func:`jobs_at`; ``None``: not a write, or untracked)."""
 
+
+@dataclass(slots=True)
+class _Use:
+    """The first use of a key: its value, what made it (for messages), and the open
+    transactions that made it (``None``: kept for good)."""
+
+    value: Any
+    what: str
+    owners: set[int] | None
+
+
+class _Ledger:
+    """The first use of each key: kept for good, or, while only transactions that have not
+    ended made it, until the last of them rolls back."""
+
+    def __init__(self) -> None:
+        self._first: dict[Any, _Use] = {}
+        self._owned: dict[int, list[Any]] = {}  # an open transaction: the keys it made
+
+    def conflict(self, key: Any, value: Any) -> _Use | None:
+        """The first use of ``key``, if it was with another value."""
+        use = self._first.get(key)
+        return use if use is not None and use.value != value else None
+
+    def note(self, key: Any, value: Any, what: str, owner: int | None) -> None:
+        """Note a use of ``key`` (by transaction ``owner``; ``None``: for good)."""
+        use = self._first.get(key)
+        if use is None:
+            use = self._first[key] = _Use(value, what, None if owner is None else set())
+        if use.owners is None:
+            return
+        if owner is None:
+            use.owners = None
+        elif owner not in use.owners:
+            use.owners.add(owner)
+            self._owned.setdefault(owner, []).append(key)
+
+    def end(self, owner: int, kept: bool) -> None:
+        """Transaction ``owner`` ended: keep its uses for good (``kept``: it committed), or
+        forget those no other open transaction made."""
+        for key in self._owned.pop(owner, ()):
+            use = self._first.get(key)
+            if use is None or use.owners is None:
+                continue
+            if kept:
+                use.owners = None
+                continue
+            use.owners.discard(owner)
+            if not use.owners:
+                del self._first[key]
+
+
 _lock = RenewedLock()
-_outboxes: dict[tuple[Any, str], tuple[str | None, str]] = {}
+_outboxes = _Ledger()
+"""Per outbox (:func:`jobs_at`) and declared table, the schema its jobs came from, for the
+whole process."""
 _databases: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
 _UNKNOWN: Any = object()
 
@@ -120,10 +177,10 @@ def _database(engine: Engine) -> Any:
     return found
 
 
-def _conflict(first: tuple[str | None, str], reached: str | None, what: str, where: str) -> str:
+def _conflict(first: _Use, reached: str | None, what: str, where: str) -> str:
     return (
-        f"{what} is used in {_shown(reached)} here, but {where} already used {first[1]} in "
-        f"{_shown(first[0])} (schema_translate_map)"
+        f"{what} is used in {_shown(reached)} here, but {where} already used {first.what} in "
+        f"{_shown(first.value)} (schema_translate_map)"
     )
 
 
@@ -131,11 +188,12 @@ class SchemaClaims:
     """The schema each table reached through one index (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._reached: dict[str, tuple[str | None, str]] = {}
+        self._tables = _Ledger()
 
-    def claim(self, claims: Sequence[Claim]) -> None:
+    def claim(self, claims: Sequence[Claim], owner: object | None = None) -> None:
         """Note each table's schema, and where a write's jobs go (for the whole process): all
-        of them, or none when one conflicts.
+        of them, or none when one conflicts. A write's claims (``owner``: its transaction)
+        hold while it is open and for good once it commits (:meth:`end`).
 
         Raises:
             ConfigurationError: This index already used a table in another schema, or that
@@ -143,16 +201,16 @@ class SchemaClaims:
         """
         with _lock:
             for table, reached, what, _ in claims:
-                first = self._reached.get(table)
-                if first is not None and first[0] != reached:
+                first = self._tables.conflict(table, reached)
+                if first is not None:
                     raise ConfigurationError(
                         f"{_conflict(first, reached, what, 'this SemanticIndex')}: the rows of "
                         "both schemas would share its vector collection, overwriting each "
                         f"other's points and answering each other's searches. {_FIX}"
                     )
             for table, reached, what, jobs in claims:
-                first = None if jobs is None else _outboxes.get((jobs, table))
-                if first is not None and first[0] != reached:
+                first = None if jobs is None else _outboxes.conflict((jobs, table), reached)
+                if first is not None:
                     raise ConfigurationError(
                         f"{_conflict(first, reached, what, 'this process')}, and the jobs of both "
                         f"go to the outbox table in {_shown(jobs[1])}: each schema's sync would "
@@ -161,7 +219,15 @@ class SchemaClaims:
                         "<schema>, ...}; declare the tables that stay shared with their schema), "
                         "or keep one schema and give the column tenant=..."
                     )
+            key = None if owner is None else id(owner)
             for table, reached, what, jobs in claims:
-                self._reached.setdefault(table, (reached, what))
+                self._tables.note(table, reached, what, key)
                 if jobs is not None:
-                    _outboxes.setdefault((jobs, table), (reached, what))
+                    _outboxes.note((jobs, table), reached, what, key)
+
+    def end(self, owner: object, committed: bool) -> None:
+        """The transaction ``owner`` of :meth:`claim` ended: its claims hold for good if it
+        committed, else they go (unless another open transaction made them too)."""
+        with _lock:
+            self._tables.end(id(owner), committed)
+            _outboxes.end(id(owner), committed)

@@ -79,6 +79,8 @@ _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
+_CLAIMED = "semantic_orm.claimed"  # the root transaction whose writes claimed schemas
+_KEPT = "semantic_orm.claims_kept"  # ... once it has committed
 _UNKNOWN: Any = object()
 """A row's text that a flush does not know (see :func:`_written`)."""
 _HARMLESS = (
@@ -173,8 +175,11 @@ class StagingHooks:
         end: Called when that transaction ends (same arguments).
         mapper_for: The mapper of a table, for statements on a bare ``Table``.
         reach: Called before jobs are written, with each connection and table written (and the
-            column or table to name in messages) and a statement's own execution options:
-            refuses a schema the index cannot follow (see :mod:`semantic_orm.schemas`).
+            column or table to name in messages), a statement's own execution options and the
+            session's root transaction: refuses a schema the index cannot follow (see
+            :mod:`semantic_orm.schemas`).
+        ended: Called when a root transaction that ``reach`` was given ends, and whether it
+            committed.
     """
 
     register: Callable[[SemanticColumn], None]
@@ -189,7 +194,10 @@ class StagingHooks:
     begin: Callable[[Engine, Connection, bool], None]
     end: Callable[[Engine, Connection, bool], None]
     mapper_for: Callable[[Table], Mapper[Any] | None]
-    reach: Callable[[Sequence[tuple[Connection, Table, str]], Mapping[str, Any] | None], None]
+    reach: Callable[
+        [Sequence[tuple[Connection, Table, str]], Mapping[str, Any] | None, object | None], None
+    ]
+    ended: Callable[[object, bool], None]
 
 
 def session_connection(session: Session, engine: Engine) -> Connection | None:
@@ -206,6 +214,15 @@ def _staged(session: Session) -> dict[SessionTransaction, dict[Engine, Staged]]:
 def _owner(session: Session) -> SessionTransaction | None:
     """The transaction that owns work done now: the innermost savepoint, else the root."""
     return session.get_nested_transaction() or session.get_transaction()
+
+
+def _claimant(session: Session) -> SessionTransaction | None:
+    """The root transaction that a write's schema claims belong to (kept if it commits, given
+    back when it ends otherwise: :attr:`StagingHooks.ended`)."""
+    root = session.get_transaction()
+    if root is not None:
+        session.info[_CLAIMED] = root
+    return root
 
 
 def _enclosing(trans: SessionTransaction) -> SessionTransaction | None:
@@ -287,6 +304,10 @@ class SessionTracker:
 
     def after_commit(self, session: Session) -> None:
         """Move a released savepoint's jobs outward; keep a durable root commit's for its end."""
+        claimed = session.info.get(_CLAIMED)
+        if claimed is not None and claimed is session.get_transaction():
+            if session.get_nested_transaction() is None:  # the root itself committed
+                session.info[_KEPT] = claimed
         staged = session.info.get(_STAGED)
         trans = _owner(session)
         if not staged or trans is None:
@@ -350,6 +371,9 @@ class SessionTracker:
             elif back:
                 self.hooks.restore(engine, back)
         if trans.parent is None and not trans.nested:
+            kept = session.info.pop(_KEPT, None) is trans
+            if session.info.pop(_CLAIMED, None) is trans:
+                self.hooks.ended(trans, kept)
             for engine, (conn, joined) in session.info.pop(_CONNECTIONS, {}).items():
                 self.hooks.end(engine, conn, joined)
             for engine, part in session.info.pop(_COMMITTED, {}).items():
@@ -439,6 +463,7 @@ class SessionTracker:
         self.hooks.reach(
             [(conn, c.column.table, c.label) for conn, m, _ in writes for c in semantic_columns(m)],
             None,
+            _claimant(session),
         )
         for conn, _, keys in writes:
             self._stage(session, conn, keys, written)
@@ -536,7 +561,7 @@ class SessionTracker:
         rows = list(multiparams) if multiparams else [params] if params else [{}]
         _check_values(clauseelement, rows, semantic, table)
         what = ", ".join(f"{table_name(table)}.{c.name}" for c in semantic)
-        self.hooks.reach([(conn, table, what)], execution_options)
+        self.hooks.reach([(conn, table, what)], execution_options, _claimant(session))
         plan = _plan(conn, clauseelement, rows, table, semantic, self._filter_keys(table, semantic))
         if plan is None:
             return clauseelement, multiparams, params

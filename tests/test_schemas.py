@@ -159,6 +159,30 @@ def test_one_index_refuses_a_second_schema(
     assert_index_matches_database(tenants("t1"), index.store)
 
 
+def test_a_write_holds_its_schema_until_it_commits_and_not_after_a_rollback(
+    tenants: Callable[[str], Engine], index: SemanticIndex
+) -> None:
+    factory = sessionmaker(tenants("t1"), expire_on_commit=False)
+    index.install(factory)
+    with factory(bind=tenants("t2")) as s:  # flushed in t2, then rolled back: claims nothing
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        s.flush()
+        s.rollback()
+    with factory() as first, factory(bind=tenants("t2")) as second:
+        first.add(Article(id=1, title="a1", content=RIVER))
+        first.flush()  # t1, open: t2 waits for it to end
+        second.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match="schema 't2'"):
+            second.commit()
+        first.commit()  # and now for good
+    with factory(bind=tenants("t2")) as s:
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match="schema 't2'"):
+            s.commit()
+    index.drain(factory)
+    assert_index_matches_database(tenants("t1"), index.store)
+
+
 def test_a_translation_on_the_connection_alone_is_refused(
     tenants: Callable[[str], Engine], engine: Engine, index: SemanticIndex
 ) -> None:
@@ -221,6 +245,12 @@ def test_one_outbox_holds_the_jobs_of_one_schema_per_table(
         (column,) = semantic_columns(sa.inspect(Entry))
         return len(idx.store.points(idx.binding_for(column).collection))
 
+    # a write of another translation into the default outbox, rolled back, claims nothing
+    _, factory = through({"books": "t2", None: None})
+    with factory() as s:
+        s.add(Entry(id=1, title="m", body=MOUNTAIN))
+        s.flush()
+        s.rollback()
     # one translation of the table, the outbox left in the default schema: a renamed schema
     first, factory = through({"books": "t1", None: None})
     with factory() as s:

@@ -32,7 +32,10 @@ until then it holds the database).
 Each flush also notes the text it wrote to each row where the session knows it
 (:attr:`Staged.written`), so that a commit syncing its born-leased jobs need not read them back;
 any other statement the session runs afterwards, or a deletion, makes every row of the
-transaction read back. The tracker writes jobs and calls back; it never syncs anything itself.
+transaction read back. Before a flush or a statement writes jobs, the index checks the schema
+each written table reaches (``schema_translate_map``, :mod:`semantic_orm.schemas`), for the
+root transaction, which keeps that claim if it commits. The tracker writes jobs and calls back;
+it never syncs anything itself.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ The rules, enforced where rows are written, searched and processed:
   the second is refused.
 
 A claim is made only when every table of the operation passes, so a refused operation pins
-nothing. A write's claims hold while its transaction is open and for good once it commits (a
-rolled-back write leaves none); those of a search, a worker pass or a maintenance tool hold for
-good. For good means the life of the index (of the process, for an outbox).
+nothing. A write's claims hold while its session's root transaction is open, for good once it
+commits, and go when it ends otherwise (a savepoint's write counts with its root; a session that
+joined a transaction it does not own claims for good at once: it cannot tell that transaction's
+fate); those of a search, a worker pass or a maintenance tool hold for good. For good means the
+life of the index (of the process, for an outbox).
 """
 
 from __future__ import annotations

@@ -221,10 +221,13 @@ def _owner(session: Session) -> SessionTransaction | None:
 
 def _claimant(session: Session) -> SessionTransaction | None:
     """The root transaction that a write's schema claims belong to (kept if it commits, given
-    back when it ends otherwise: :attr:`StagingHooks.ended`)."""
+    back when it ends otherwise: :attr:`StagingHooks.ended`); ``None`` (claims kept at once)
+    for a session that joined a transaction it does not own, whose fate it cannot tell."""
+    conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
     root = session.get_transaction()
-    if root is not None:
-        session.info[_CLAIMED] = root
+    if root is None or any(joined for _, joined in conns.values()):
+        return None
+    session.info[_CLAIMED] = root
     return root
 
 
@@ -309,7 +312,7 @@ class SessionTracker:
         """Move a released savepoint's jobs outward; keep a durable root commit's for its end."""
         claimed = session.info.get(_CLAIMED)
         if claimed is not None and claimed is session.get_transaction():
-            if session.get_nested_transaction() is None:  # the root itself committed
+            if session.get_nested_transaction() is None:  # the root, not a savepoint
                 session.info[_KEPT] = claimed
         staged = session.info.get(_STAGED)
         trans = _owner(session)
@@ -463,11 +466,16 @@ class SessionTracker:
             (session.connection(bind_arguments={"mapper": mapper}), mapper, keys)
             for mapper, keys in by_mapper.items()
         ]
-        self.hooks.reach(
-            [(conn, c.column.table, c.label) for conn, m, _ in writes for c in semantic_columns(m)],
-            None,
-            _claimant(session),
-        )
+        if writes:
+            self.hooks.reach(
+                [
+                    (conn, c.column.table, c.label)
+                    for conn, m, _ in writes
+                    for c in semantic_columns(m)
+                ],
+                None,
+                _claimant(session),
+            )
         for conn, _, keys in writes:
             self._stage(session, conn, keys, written)
 

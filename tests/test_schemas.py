@@ -170,7 +170,7 @@ def test_a_write_holds_its_schema_until_it_commits_and_not_after_a_rollback(
         s.rollback()
     with factory() as first, factory(bind=tenants("t2")) as second:
         first.add(Article(id=1, title="a1", content=RIVER))
-        first.flush()  # t1, open: t2 waits for it to end
+        first.flush()  # t1, still open: t2 is refused meanwhile
         second.add(Article(id=1, title="a1", content=MOUNTAIN))
         with pytest.raises(ConfigurationError, match="schema 't2'"):
             second.commit()
@@ -181,6 +181,24 @@ def test_a_write_holds_its_schema_until_it_commits_and_not_after_a_rollback(
             s.commit()
     index.drain(factory)
     assert_index_matches_database(tenants("t1"), index.store)
+
+
+def test_a_session_in_an_outer_transaction_claims_for_good(
+    tenants: Callable[[str], Engine], index: SemanticIndex
+) -> None:
+    factory = sessionmaker(expire_on_commit=False)
+    index.install(factory)
+    with tenants("t1").connect() as conn:
+        conn.begin()
+        with factory(bind=conn) as s:  # joins the connection's transaction, which it does not own
+            s.add(Article(id=1, title="a1", content=RIVER))
+            s.flush()
+        conn.commit()  # the row and its job commit with it, after the session ended
+        assert conn.execute(select(outbox.outbox.c.row_pk)).scalars().all() == ["1"]
+    with factory(bind=tenants("t2")) as s:
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match="schema 't2'"):
+            s.commit()
 
 
 def test_a_translation_on_the_connection_alone_is_refused(

@@ -170,6 +170,32 @@ def _listen_target(target: Any) -> Any:
     )
 
 
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two listen targets (Session subclasses or Sessions) share sessions: a class and
+    its subclass, or a class and one of its sessions."""
+    if isinstance(a, type) and isinstance(b, type):
+        return issubclass(a, b) or issubclass(b, a)
+    if isinstance(a, type):
+        return isinstance(b, a)
+    if isinstance(b, type):
+        return isinstance(a, b)
+    return False
+
+
+def _shown(key: Any) -> str:
+    """A listen target, as an error message names it."""
+    if not isinstance(key, type):
+        return f"one Session ({key!r})"
+    if key is Session:
+        return "the Session class (every session)"
+    if getattr(key, "_semantic_orm_private", False):
+        return "an async_sessionmaker"
+    base = key.__mro__[1]
+    if key.__name__ == base.__name__:  # the private subclass a sessionmaker makes
+        return f"a sessionmaker (of {base.__qualname__})"
+    return f"the Session subclass {key.__qualname__}"
+
+
 def _sync_session(session: Any) -> Session:
     """The ``Session`` behind an ``AsyncSession``, a ``scoped_session`` or an
     ``async_scoped_session``."""
@@ -369,15 +395,33 @@ class SemanticIndex:
         ``Session`` subclass, or one ``Session`` or ``AsyncSession``.
 
         Raises:
-            ConfigurationError: If another index is already installed on ``target``.
+            ConfigurationError: If another index is already installed on ``target``, or any
+                index on a target sharing its sessions (a sessionmaker and one of its sessions,
+                a Session class and a subclass).
         """
         key = _listen_target(target)
         with _installed_lock:
             current = _installed.get(key)
             if current is not None and current is not self:
                 raise ConfigurationError(
-                    f"another SemanticIndex is already installed on {target!r}; uninstall it first"
+                    f"another SemanticIndex is already installed on {_shown(key)}; uninstall "
+                    "it first"
                 )
+            for other, by in list(_installed.items()):
+                if other is not key and _overlap(key, other):
+                    if by is self:
+                        whose, why = "this SemanticIndex", "every write would be queued twice"
+                    else:
+                        whose, why = (
+                            "another SemanticIndex",
+                            "both would queue every write, and only one would sync it",
+                        )
+                    raise ConfigurationError(
+                        f"{whose} is already installed on {_shown(other)}, which shares the "
+                        f"sessions of {_shown(key)}: {why}. A session is synced by one index, "
+                        "installed on one of the targets its sessions come from (uninstall the "
+                        "other first)."
+                    )
             _installed[key] = self
         bind = _factory_bind(target)
         if isinstance(bind, Engine):

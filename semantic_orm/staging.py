@@ -82,6 +82,7 @@ _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
+_FIRST = frozenset({"after_begin", "after_commit", "after_rollback", "after_transaction_end"})
 _CLAIMED = "semantic_orm.claimed"  # the root transaction whose writes claimed schemas
 _KEPT = "semantic_orm.claims_kept"  # ... once it has committed
 _UNKNOWN: Any = object()
@@ -279,10 +280,16 @@ class SessionTracker:
         )
 
     def install(self, target: Any) -> None:
-        """Listen on ``target`` (a Session subclass or a Session)."""
+        """Listen on ``target`` (a Session subclass or a Session).
+
+        The transaction listeners go first, ahead of the application's: one of those that
+        raises in ``after_commit`` (the database has committed by then) must not keep the
+        commit from being seen, synced and its schema claims kept. The flush listeners take
+        their turn in the order of registration.
+        """
         for name, fn in self.listeners.items():
             if not event.contains(target, name, fn):
-                event.listen(target, name, fn)
+                event.listen(target, name, fn, insert=name in _FIRST)
 
     def remove(self, target: Any) -> None:
         """Stop listening on ``target``."""

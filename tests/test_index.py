@@ -79,6 +79,89 @@ def test_another_index_on_the_same_factory_is_refused(
     index.uninstall(factory)
 
 
+def test_targets_sharing_sessions_take_one_index(
+    engine: Any, index: SemanticIndex, store: Any
+) -> None:
+    """Two listen targets that share sessions would both stage each write: refused, whichever
+    comes first and whether the index is the same or another."""
+    Base.metadata.create_all(engine)
+    other = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    index.install(factory)
+    try:
+        with factory() as s:
+            for idx in (index, other):  # one of the factory's sessions
+                with pytest.raises(ConfigurationError, match=r"a sessionmaker .*shares the"):
+                    idx.install(s)
+            art = Article(title="a", content="queued once")
+            s.add(art)
+            s.commit()
+            key = art.id
+        with pytest.raises(ConfigurationError, match="sessions of the Session class"):
+            other.install(OrmSession)  # the base class of every factory
+        assert settled(engine) == [] and len(points_of(index, key)) == 1
+        assert other.store.count(COLL) == 0
+    finally:
+        index.uninstall(factory)
+    # in the other order: a session first, then its class
+    with OrmSession(engine) as s:
+        other.install(s)
+        try:
+            with pytest.raises(ConfigurationError, match="one Session"):
+                index.install(OrmSession)
+        finally:
+            other.uninstall(s)
+    # a Session subclass and the factories made of it
+    class Custom(OrmSession):
+        pass
+
+    custom = sessionmaker(engine, class_=Custom)
+    other.install(Custom)
+    try:
+        with pytest.raises(ConfigurationError, match=r"the Session subclass .*Custom.*queue every"):
+            index.install(custom)
+    finally:
+        other.uninstall(Custom)
+    # unrelated targets stay independent: two factories, one index each
+    second = sessionmaker(engine)
+    index.install(factory)
+    other.install(second)
+    try:
+        with second() as s:
+            s.add(Article(title="b", content="the other index"))
+            s.commit()
+        assert other.store.count(COLL) == 1
+    finally:
+        index.uninstall(factory)
+        other.uninstall(second)
+
+
+def test_an_application_after_commit_that_raises_does_not_hide_the_commit(
+    engine: Any, index: SemanticIndex
+) -> None:
+    """A listener registered before the index's that raises in ``after_commit`` (the database
+    has committed by then): the commit is still synced when the session ends."""
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine)
+
+    @sa.event.listens_for(factory, "after_commit")
+    def fails(session: Any) -> None:
+        raise RuntimeError("the application's listener")
+
+    index.install(factory)
+    try:
+        with factory() as s:
+            art = Article(title="t", content="committed, then a listener fails")
+            s.add(art)
+            with pytest.raises(RuntimeError, match="application's listener"):
+                s.commit()
+            key = art.id
+        assert len(points_of(index, key)) == 1
+        assert settled(engine) == []
+    finally:
+        index.uninstall(factory)
+
+
 def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) -> None:
     idx, factory = installed(flaky=True, retry_base=0.01)
     flaky = idx.store

@@ -117,14 +117,17 @@ class ProcessReport:
     sync: ApplyReport = field(default_factory=ApplyReport)
 
     def add(self, other: ProcessReport) -> None:
-        """Accumulate another pass's counts."""
+        """Accumulate another pass's counts. Of the failures (``sync.failed``, which hold the
+        rows' text) a total keeps those of the latest pass that had any: a worker's total lives
+        as long as the worker, through outages of any length."""
         for name in ("claimed", "done", "retried", "dead", "lost", "skipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.blocked = self.blocked or other.blocked
         self.unknown.extend(k for k in other.unknown if k not in self.unknown)
         for name in ("upserted", "deleted", "points", "embedded", "reused"):
             setattr(self.sync, name, getattr(self.sync, name) + getattr(other.sync, name))
-        self.sync.failed.extend(other.sync.failed)
+        if other.sync.failed:
+            self.sync.failed = list(other.sync.failed)
 
 
 class Blocked(Exception):

@@ -23,22 +23,30 @@ worker in the application's process, or use a Qdrant server::
 
 Both count what they did (:attr:`Worker.totals`, a
 :class:`~semantic_orm.processing.ProcessReport`), which ``semantic-orm worker`` prints at an
-interval.
+interval. A pass that fails as a whole (the database is down, or the index refuses the
+engine) is tried again after a wait that doubles up to :data:`FAILURE_WAIT_CAP` seconds; the
+first failure is logged with its traceback, the same failure again once in a while, the
+recovery once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from typing import Any
 
 from .index import SemanticIndex
 from .processing import ProcessReport
 
-__all__ = ["AsyncWorker", "Worker"]
+__all__ = ["FAILURE_WAIT_CAP", "AsyncWorker", "Worker"]
 
 log = logging.getLogger("semantic_orm")
+
+FAILURE_WAIT_CAP = 30.0
+"""Longest wait, in seconds, between the passes of a worker whose passes keep failing (at
+least its ``poll_interval``)."""
 
 
 class _Drainer:
@@ -57,10 +65,45 @@ class _Drainer:
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.totals = ProcessReport()
+        self.failures = 0
+        """Passes failed in a row (0 once one succeeds)."""
+        self._last_error = ""
         self._setup()
 
     def _setup(self) -> None:
         """Create what the worker's loop runs with (a thread's event, or a task's)."""
+
+    def _failed(self) -> float:
+        """Count and log the failure of the pass being handled; the seconds to wait."""
+        exc = sys.exc_info()[1]
+        error = f"{type(exc).__name__}: {exc}"
+        self.failures += 1
+        wait = min(
+            self.poll_interval * 2.0 ** min(self.failures - 1, 30),
+            max(self.poll_interval, FAILURE_WAIT_CAP),
+        )
+        if error != self._last_error:  # a new failure: in full
+            log.exception("semantic_orm worker: processing failed; trying again in %.3g s", wait)
+        elif self.failures & (self.failures - 1) == 0:  # the same: at 2, 4, 8, ... in a row
+            log.warning(
+                "semantic_orm worker: processing still failing (%d passes in a row): %s; "
+                "trying again in %.3g s",
+                self.failures,
+                error,
+                wait,
+            )
+        self._last_error = error
+        return wait
+
+    def _succeeded(self) -> None:
+        """A pass went through: log the recovery from failed ones."""
+        if self.failures:
+            log.warning(
+                "semantic_orm worker: processing works again after %d failed passes",
+                self.failures,
+            )
+        self.failures = 0
+        self._last_error = ""
 
     @property
     def processed(self) -> int:
@@ -94,10 +137,10 @@ class Worker(_Drainer):
             try:
                 report = self.run_once()
             except Exception:  # the database failed, or the index refused this engine (a
-                # schema it does not serve): log, wait, try again
-                log.exception("semantic_orm worker: processing failed")
-                self._stop.wait(self.poll_interval)
+                # schema it does not serve): log, wait longer each time, try again
+                self._stop.wait(self._failed())
                 continue
+            self._succeeded()
             if report.claimed == 0:
                 if stop_when_idle:
                     return
@@ -148,16 +191,21 @@ class AsyncWorker(_Drainer):
             try:
                 report = await self.run_once()
             except Exception:  # the database failed, or the index refused this engine (a
-                # schema it does not serve): log, wait, try again
-                log.exception("semantic_orm worker: processing failed")
-                report = ProcessReport()
+                # schema it does not serve): log, wait longer each time, try again
+                await self._pause(self._failed())
+                continue
+            self._succeeded()
             if report.claimed == 0:
                 if stop_when_idle:
                     return
-                try:
-                    await asyncio.wait_for(self._stop.wait(), self.poll_interval)
-                except TimeoutError:
-                    pass
+                await self._pause(self.poll_interval)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or until :meth:`stop` is called."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            pass
 
     def start(self) -> asyncio.Task[None]:
         """Run as a task of the running event loop; returns the task."""

@@ -8,6 +8,7 @@ between its ticks while a commit syncs with an embedder that blocks its thread.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -126,6 +127,29 @@ async def test_an_async_commit_syncs_the_text_it_wrote_without_reading_it_back(
         assert assert_index_matches_database(engine, store) == 2
     finally:
         engine.dispose()
+
+
+async def test_an_async_worker_tries_a_failed_pass_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that fails as a whole (the database is down) is tried again after a doubling
+    wait, also when the worker is to stop once idle: a failure says nothing of what is due."""
+    from semantic_orm import processing
+    from semantic_orm.testing import MemoryStore
+
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    calls: list[float] = []
+
+    async def aprocess(bind: Any, *, limit: int = 256) -> processing.ProcessReport:
+        calls.append(time.monotonic())
+        if len(calls) <= 3:
+            raise ConnectionError("database is down")
+        return processing.ProcessReport()
+
+    monkeypatch.setattr(idx, "aprocess", aprocess)
+    worker = AsyncWorker(idx, None, poll_interval=0.02)
+    await asyncio.wait_for(worker.run(stop_when_idle=True), 10)
+    assert len(calls) == 4 and worker.failures == 0
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.08
 
 
 async def test_deferred_mode_with_an_async_worker(aengine: AsyncEngine, store: Any) -> None:

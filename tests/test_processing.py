@@ -86,6 +86,79 @@ def test_deferred_mode_leaves_jobs_for_a_worker(tables: Engine, store: Any) -> N
     assert store.count(COLL) == 6
 
 
+def test_a_workers_totals_keep_counts_not_every_failure(tables: Engine, store: Any) -> None:
+    """Through an outage of any length a worker's totals count every failed pass but keep the
+    failures (which hold the rows' text) of the latest one only."""
+    flaky = FlakyStore(store)
+    idx = SemanticIndex(
+        store=flaky, embedder=HashEmbedder(), mode="deferred", retry_base=0.001, retry_cap=0.001
+    )
+    factory = sessionmaker(tables)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(title=f"a{i}", content=f"text {i} " * 200) for i in range(4))
+        s.commit()
+    flaky.down = True
+    worker = Worker(idx, tables, poll_interval=0.001)
+    passes = 0
+    while worker.totals.retried < 4 * 20:
+        report = worker.run_once()
+        passes += bool(report.retried)
+        time.sleep(0.003)
+    assert passes >= 20
+    assert worker.totals.sync.failed == report.sync.failed or not report.sync.failed
+    assert 1 <= len(worker.totals.sync.failed) <= 4
+    assert {op.pk for ops, _ in worker.totals.sync.failed for op in ops} <= {"1", "2", "3", "4"}
+    flaky.down = False
+    worker.run(stop_when_idle=True)
+    idx.drain(tables, timeout=10)
+    assert settled(tables) == [] and worker.processed == 4
+    assert_index_matches_database(tables, store)
+
+
+def test_a_failing_worker_backs_off_and_logs_sparingly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Passes that fail as a whole (the database is down) are tried again after a doubling wait
+    (capped); the first failure is logged with its traceback, the same one again at 2, 4, 8 ...
+    in a row, another one in full, the recovery once."""
+    from semantic_orm import worker as worker_module
+
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    errors: list[Exception] = [
+        sa.exc.OperationalError("SELECT", {}, Exception("database is down")) for _ in range(9)
+    ]
+    errors.insert(6, RuntimeError("something else"))
+
+    def process(bind: Any, *, limit: int = 256) -> processing.ProcessReport:
+        if errors:
+            raise errors.pop(0)
+        return processing.ProcessReport()
+
+    monkeypatch.setattr(idx, "process", process)
+    monkeypatch.setattr(worker_module, "FAILURE_WAIT_CAP", 0.016)
+    worker = Worker(idx, None, poll_interval=0.001)
+    waits: list[float] = []
+    monkeypatch.setattr(worker._stop, "wait", lambda seconds: waits.append(seconds))
+    with caplog.at_level("WARNING", logger="semantic_orm"):
+        worker.run(stop_when_idle=True)  # returns once a pass went through with nothing due
+    assert waits == pytest.approx(
+        [0.001, 0.002, 0.004, 0.008, 0.016, 0.016, 0.016, 0.016, 0.016, 0.016]
+    )
+    logged = [(r.levelname, r.exc_info is not None, r.getMessage()) for r in caplog.records]
+    assert [(level, full) for level, full, _ in logged] == [
+        ("ERROR", True),  # the first failure
+        ("WARNING", False),  # 2 in a row
+        ("WARNING", False),  # 4 in a row
+        ("ERROR", True),  # another error (the 7th pass)
+        ("ERROR", True),  # the first one again (the 8th): it differs from the last
+        ("WARNING", False),  # works again
+    ]
+    assert "database is down" in logged[1][2] and "2 passes in a row" in logged[1][2]
+    assert "works again after 10 failed passes" in logged[-1][2]
+    assert worker.failures == 0
+
+
 @pytest.mark.parametrize("mode", ["inline", "deferred"])
 def test_the_applications_orm_query_hooks_never_hide_a_row_from_its_sync(
     tables: Engine, store: Any, mode: str

@@ -15,6 +15,12 @@
 A batch that fails with a permanent error is bisected, so one poison row fails alone and the
 rest of its batch still syncs; a transient failure fails the batch as a whole (retrying later
 is the answer). Failures are returned, never raised.
+
+An unreachable store (:class:`Outage`): once a write failed that way, the inline syncs of
+commits (``apply(..., inline=True)``) do not wait on it again, each for a timeout, while
+the background retrier and the workers keep trying: they fail at once with the store's last
+error, leaving their jobs to those, until an attempt gets through (or, after a quiet spell, an
+inline sync tries again itself).
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ from . import signals
 from .binding import ColumnBinding
 from .chunking import Chunk, fit_to_window
 from .embedding import TokenAwareEmbedder
-from .exc import ChunkTooLongWarning, ModelCoverageWarning, is_transient
+from .exc import ChunkTooLongWarning, ModelCoverageWarning, VectorStoreError, is_transient
+from .forking import RenewedLock
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
 
-__all__ = ["Applier", "ApplyReport", "RowValue", "SyncOp", "text_hash"]
+__all__ = ["Applier", "ApplyReport", "Outage", "RowValue", "SyncOp", "text_hash"]
 
 log = logging.getLogger("semantic_orm")
 
@@ -117,6 +124,80 @@ class ApplyReport:
     failed: list[tuple[list[SyncOp], BaseException]] = field(default_factory=list)
 
 
+def _unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the store (or a remote embedder) could not be reached, as
+    opposed to a refused request or a collection that drifted."""
+    if isinstance(error, VectorStoreError):
+        return error.transient
+    return isinstance(error, (ConnectionError, TimeoutError))
+
+
+class Outage:
+    """Whether the store is reachable, as the latest attempts found it.
+
+    After a write failed as unreachable, an inline sync is refused (it fails at once with
+    that error, its jobs left to retry) for ``first`` seconds, doubling with each failed
+    attempt up to ``cap``, and while any other attempt is on its way; past that an inline sync
+    tries again itself. Any attempt that reaches the store ends the outage.
+
+    Args:
+        first: Seconds inline syncs skip the store after the first failure.
+        cap: Longest such wait, in seconds.
+    """
+
+    def __init__(self, first: float = 1.0, cap: float = 30.0) -> None:
+        self.first, self.cap = first, max(first, cap)
+        self.since: float | None = None
+        """When (``time.time()``) the outage began; ``None``: the store is reachable."""
+        self.error: BaseException | None = None
+        """The latest failure."""
+        self._wait = first
+        self._until = 0.0
+        self._trying = 0  # attempts on their way
+        self._lock = RenewedLock()
+
+    def admit(self, inline: bool) -> VectorStoreError | None:
+        """Start an attempt; for an inline sync during an outage, the error to fail it with
+        instead (no attempt started). Each started attempt ends with :meth:`record`."""
+        with self._lock:
+            if (
+                inline
+                and self.since is not None
+                and (self._trying or time.monotonic() < self._until)
+            ):
+                since = time.strftime("%H:%M:%S", time.localtime(self.since))
+                return VectorStoreError(
+                    f"not tried: the vector store (or the embedder) has been unreachable since "
+                    f"{since} (latest error: {self.error}); the rows sync once it answers"
+                )
+            self._trying += 1
+            return None
+
+    def record(self, report: ApplyReport) -> None:
+        """End an attempt that :meth:`admit` started, with what it found."""
+        down = next((exc for _, exc in report.failed if _unreachable(exc)), None)
+        with self._lock:
+            self._trying -= 1
+            if down is not None:
+                if self.since is None:
+                    self.since, self._wait = time.time(), self.first
+                    log.warning(
+                        "semantic_orm: the vector store is unreachable (%s): commits leave their "
+                        "rows to the background retrier until it answers again",
+                        down,
+                    )
+                else:
+                    self._wait = min(self._wait * 2, self.cap)
+                self.error = down
+                self._until = time.monotonic() + self._wait
+            elif self.since is not None:
+                log.warning(
+                    "semantic_orm: the vector store answers again after %.0f s",
+                    time.time() - self.since,
+                )
+                self.since = self.error = None
+
+
 class Applier:
     """Applies :class:`SyncOp` batches to a store (see the module docstring).
 
@@ -124,27 +205,48 @@ class Applier:
         store: The vector store.
         check: Checks a binding's target collection before it is written (creates it, or
             raises on drift); a failure fails the binding's ops like any other.
+        outage: What the latest attempts found of the store's reachability.
     """
 
-    def __init__(self, store: Store, check: Callable[[ColumnBinding], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        check: Callable[[ColumnBinding], None],
+        outage: Outage | None = None,
+    ) -> None:
         self.store = store
         self.check = check
+        self.outage = outage or Outage()
         self._warned: set[str] = set()
         self._read: set[str] = set()  # columns whose model coverage was checked
 
-    def apply(self, ops: Sequence[SyncOp]) -> ApplyReport:
-        """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs."""
+    def apply(self, ops: Sequence[SyncOp], *, inline: bool = False) -> ApplyReport:
+        """Sync ``ops``; failures are reported in ``failed`` and the rest still syncs.
+
+        ``inline``: a commit's own sync, which fails at once while the store is unreachable
+        (:class:`Outage`) instead of waiting on it.
+        """
         report = ApplyReport()
         groups: dict[str, list[SyncOp]] = {}
         for op in ops:
             groups.setdefault(op.binding.target, []).append(op)
-        for group in groups.values():
-            try:
-                self.check(group[0].binding)
-            except Exception as exc:  # the collection itself: no bisection can help
-                self._failed(group, exc, report)
-                continue
-            self._isolating(group, report)
+        if not groups:
+            return report
+        refused = self.outage.admit(inline)
+        if refused is not None:
+            for group in groups.values():
+                self._failed(group, refused, report, quiet=True)
+            return report
+        try:
+            for group in groups.values():
+                try:
+                    self.check(group[0].binding)
+                except Exception as exc:  # the collection itself: no bisection can help
+                    self._failed(group, exc, report)
+                    continue
+                self._isolating(group, report)
+        finally:
+            self.outage.record(report)
         return report
 
     def _isolating(self, ops: list[SyncOp], report: ApplyReport) -> None:
@@ -159,9 +261,16 @@ class Applier:
             self._failed(ops, exc, report)
 
     @staticmethod
-    def _failed(ops: list[SyncOp], exc: BaseException, report: ApplyReport) -> None:
+    def _failed(
+        ops: list[SyncOp], exc: BaseException, report: ApplyReport, quiet: bool = False
+    ) -> None:
         binding = ops[0].binding
-        log.warning("semantic_orm: syncing %s failed: %s", binding.label, exc)
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "semantic_orm: syncing %s failed: %s",
+            binding.label,
+            exc,
+        )
         if signals.sync_failed.receivers:
             signals.sync_failed.send(
                 binding.column.mapped_class,

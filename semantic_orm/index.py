@@ -75,7 +75,7 @@ from sqlalchemy.orm import Mapper, Session, scoped_session, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from . import outbox
-from .applying import Applier
+from .applying import Applier, Outage
 from .binding import Bindings, ColumnBinding
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
 from .exc import ConfigurationError
@@ -321,7 +321,7 @@ class SemanticIndex:
         self.bindings = Bindings(
             store, collection_prefix, self._embedder_named, self.fusion.describe()
         )
-        self.applier = Applier(store, self.bindings.check)
+        self.applier = Applier(store, self.bindings.check, Outage(retry_base, min(retry_cap, 30.0)))
         self._schemas = SchemaClaims()
         self.processor = Processor(
             self._resolve,
@@ -709,12 +709,14 @@ class SemanticIndex:
             if held:  # deleted a moment later (see settle())
                 defer = not _shared_pool(engine)  # one connection: a timer would wait for it
                 born = self.processor.process(
-                    engine, claimed=held, defer=defer, written=staged.known()
+                    engine, claimed=held, defer=defer, written=staged.known(), inline=True
                 )
                 reports.append(born)
             rest = _unborn(staged, held)
             if rest:
-                reports.append(self.processor.process(engine, ids=rest, limit=len(rest)))
+                reports.append(
+                    self.processor.process(engine, ids=rest, limit=len(rest), inline=True)
+                )
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))
@@ -730,11 +732,15 @@ class SemanticIndex:
         try:
             held = [job for job in staged.born if self._holds(job)]
             if held:
-                born = await self.processor.aprocess(aengine, claimed=held, written=staged.known())
+                born = await self.processor.aprocess(
+                    aengine, claimed=held, written=staged.known(), inline=True
+                )
                 reports.append(born)
             rest = _unborn(staged, held)
             if rest:
-                reports.append(await self.processor.aprocess(aengine, ids=rest, limit=len(rest)))
+                reports.append(
+                    await self.processor.aprocess(aengine, ids=rest, limit=len(rest), inline=True)
+                )
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))

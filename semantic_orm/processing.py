@@ -261,6 +261,7 @@ class Processor:
         claimed: Sequence[Job] | None = None,
         defer: bool = False,
         written: Mapping[JobKey, str | None] | None = None,
+        inline: bool = False,
     ) -> ProcessReport:
         """One pass: claim due jobs (or those among ``ids``), sync their rows, settle them.
 
@@ -268,7 +269,9 @@ class Processor:
         without a claim transaction, and ``written`` the text their commit wrote to some of
         their rows (those are not read again, see :meth:`_Pass.group`); with ``defer``, if
         every one of them succeeds they are settled later (:attr:`later`), not in a transaction
-        of their own. Never raises for a job's failure; raises only if the database itself
+        of their own. ``inline``: a commit's own sync, which does not wait on a store found
+        unreachable (:class:`~semantic_orm.applying.Outage`). Never raises for a job's
+        failure; raises only if the database itself
         fails, or if ``reach`` refuses the engine for a claimed job's column (the claim is
         undone).
         """
@@ -294,7 +297,7 @@ class Processor:
                 with engine.connect() as conn:
                     run.read(conn)
             if claimed:
-                run.apply()
+                run.apply(inline)
                 if defer and not run.failed:
                     run.report.done = len(run.jobs)
                     self.later.add(engine, run.jobs)
@@ -314,6 +317,7 @@ class Processor:
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
         written: Mapping[JobKey, str | None] | None = None,
+        inline: bool = False,
     ) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
         embedding and the store calls in a worker thread; the loop is never blocked."""
@@ -341,7 +345,7 @@ class Processor:
                 async with engine.connect() as conn:
                     await conn.run_sync(run.read)
             if claimed:
-                await asyncio.to_thread(run.apply)
+                await asyncio.to_thread(run.apply, inline)
                 async with self.awriting(engine) as conn:
                     await conn.run_sync(run.settle)
                 await asyncio.to_thread(run.forget)
@@ -710,9 +714,10 @@ class _Pass:
             self.ops.extend(SyncOp.of(binding, pk, values.get(pk)) for pk in pks)
         self.unread = []
 
-    def apply(self) -> None:
-        """Chunk, embed and write the rows (no database connection)."""
-        sync = self.processor.applier.apply(self.ops)
+    def apply(self, inline: bool = False) -> None:
+        """Chunk, embed and write the rows (no database connection); ``inline``: for a
+        commit's own sync (see :meth:`Processor.process`)."""
+        sync = self.processor.applier.apply(self.ops, inline=inline)
         self.report.sync = sync
         self.failed.extend(([op.key for op in group], error) for group, error in sync.failed)
 

@@ -22,11 +22,14 @@ from semantic_orm import (
     SemanticIndex,
     signals,
 )
-from semantic_orm.testing import HashEmbedder, MemoryStore
+from semantic_orm.applying import ApplyReport, Outage
+from semantic_orm.exc import VectorStoreError
+from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
 
 from .helpers import (
     COLL,
     LONG,
+    assert_index_matches_database,
     jobs,
     points_of,
     pysqlite_recipe,
@@ -111,6 +114,7 @@ def test_targets_sharing_sessions_take_one_index(
                 index.install(OrmSession)
         finally:
             other.uninstall(s)
+
     # a Session subclass and the factories made of it
     class Custom(OrmSession):
         pass
@@ -191,6 +195,90 @@ def test_store_outage_keeps_the_commit_and_the_job(engine: Any, installed: Any) 
     with factory() as s:
         (hit,) = Article.semantic_search(s, "topic number 7", limit=1)
         assert hit.obj.id == art.id
+
+
+class CountingStore(FlakyStore):
+    """A :class:`FlakyStore` that counts the calls that reach it."""
+
+    calls = 0
+
+    def _check(self, write: bool = False) -> None:
+        self.calls += 1
+        super()._check(write)
+
+
+def test_commits_do_not_wait_on_a_store_found_unreachable(engine: Any, store: Any) -> None:
+    """Once a commit's sync found the store unreachable, later commits (each would wait for
+    the store's timeout) leave their rows to the retrier at once; once an attempt gets through,
+    commits sync inline again. Nothing is lost."""
+    Base.metadata.create_all(engine)
+    counting = CountingStore(store)
+    idx = SemanticIndex(store=counting, embedder=HashEmbedder(), retry_base=2.0)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    try:
+        counting.down = True
+        with factory() as s:
+            first = Article(title="first", content="the store is down now")
+            s.add(first)
+            s.commit()
+        tried = counting.calls
+        assert tried >= 1
+        with factory() as s:
+            rows = [
+                Article(title=f"r{i}", content=f"written during the outage {i}") for i in range(3)
+            ]
+            for row in rows:
+                s.add(row)
+                s.commit()  # each commit's sync fails at once, without calling the store
+        assert counting.calls == tried
+        waiting = jobs(engine)
+        assert {j["row_pk"] for j in waiting} == {str(a.id) for a in (first, *rows)}
+        assert all("unreachable" in j["last_error"] and not j["dead"] for j in waiting)
+        counting.down = False
+        idx.drain(engine, timeout=30)  # a background attempt: it goes to the store
+        assert settled(engine) == []
+        assert_index_matches_database(engine, counting)
+        with factory() as s:  # the outage is over: a commit syncs inline again
+            late = Article(title="late", content="after the outage")
+            s.add(late)
+            s.commit()
+        assert len(points_of(idx, late.id)) == 1
+    finally:
+        idx.uninstall(factory)
+
+
+def test_an_outage_refuses_inline_syncs_for_a_doubling_while() -> None:
+    """:class:`Outage`: inline syncs skip the store for a window after a failure (doubling,
+    capped) and while another attempt is on its way; background attempts always go; past the
+    window an inline sync tries itself; one that gets through ends the outage. A refused
+    request or a drifted collection is no outage."""
+    down = ApplyReport(failed=[([], VectorStoreError("connection refused"))])
+    outage = Outage(first=0.5, cap=1.0)
+    for reachable in (
+        ApplyReport(),
+        ApplyReport(failed=[([], VectorStoreError("bad request", transient=False))]),
+        ApplyReport(failed=[([], ConfigurationError("drifted"))]),
+    ):
+        assert outage.admit(True) is None
+        outage.record(reachable)
+        assert outage.since is None
+    assert outage.admit(True) is None
+    outage.record(down)
+    refused = outage.admit(True)
+    assert isinstance(refused, VectorStoreError) and refused.transient
+    assert "connection refused" in str(refused)
+    assert outage.admit(False) is None  # the retrier's attempt goes ...
+    assert outage.admit(True) is not None  # ... and inline syncs wait for it
+    outage.record(down)  # it failed too: the window doubles (1.0 s)
+    time.sleep(0.6)
+    assert outage.admit(True) is not None
+    time.sleep(0.5)
+    assert outage.admit(True) is None  # past the window: an inline sync tries itself
+    outage.record(ApplyReport())
+    assert outage.since is None and outage.error is None
+    assert outage.admit(True) is None
+    outage.record(ApplyReport())
 
 
 def test_a_later_commit_syncs_the_current_value_and_settles_older_jobs(

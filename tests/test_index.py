@@ -87,47 +87,41 @@ def test_targets_sharing_sessions_take_one_index(
 ) -> None:
     """Two listen targets that share sessions would both stage each write: refused, whichever
     comes first and whether the index is the same or another."""
+
+    class Custom(OrmSession):  # not Session itself: other tests' factories may be installed
+        pass
+
     Base.metadata.create_all(engine)
     other = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
-    factory = sessionmaker(engine)
+    factory = sessionmaker(engine, class_=Custom)
     index.install(factory)
     try:
         with factory() as s:
             for idx in (index, other):  # one of the factory's sessions
-                with pytest.raises(ConfigurationError, match=r"a sessionmaker .*shares the"):
+                with pytest.raises(ConfigurationError, match=r"a sessionmaker \(of .*Custom"):
                     idx.install(s)
             art = Article(title="a", content="queued once")
             s.add(art)
             s.commit()
             key = art.id
-        with pytest.raises(ConfigurationError, match="sessions of the Session class"):
-            other.install(OrmSession)  # the base class of every factory
+        with pytest.raises(
+            ConfigurationError, match=r"sessions of the Session subclass .*Custom.*queue every"
+        ):
+            other.install(Custom)  # the class the factory's sessions derive from
         assert settled(engine) == [] and len(points_of(index, key)) == 1
         assert other.store.count(COLL) == 0
     finally:
         index.uninstall(factory)
     # in the other order: a session first, then its class
-    with OrmSession(engine) as s:
+    with Custom(engine) as s:
         other.install(s)
         try:
             with pytest.raises(ConfigurationError, match="one Session"):
-                index.install(OrmSession)
+                index.install(Custom)
         finally:
             other.uninstall(s)
-
-    # a Session subclass and the factories made of it
-    class Custom(OrmSession):
-        pass
-
-    custom = sessionmaker(engine, class_=Custom)
-    other.install(Custom)
-    try:
-        with pytest.raises(ConfigurationError, match=r"the Session subclass .*Custom.*queue every"):
-            index.install(custom)
-    finally:
-        other.uninstall(Custom)
     # unrelated targets stay independent: two factories, one index each
-    second = sessionmaker(engine)
+    second = sessionmaker(engine, class_=Custom)
     index.install(factory)
     other.install(second)
     try:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import logging
 import os
 import socket
@@ -68,7 +69,7 @@ import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NoReturn, cast
 
 from sqlalchemy import Connection, Engine, Table, func, inspect, select
 from sqlalchemy.orm import Mapper, Session, scoped_session, sessionmaker
@@ -168,6 +169,31 @@ def _listen_target(target: Any) -> Any:
         "install() takes a sessionmaker, async_sessionmaker, scoped_session, a Session "
         f"subclass, a Session or an AsyncSession, got {target!r}"
     )
+
+
+def _refuse_sharing(index: SemanticIndex, key: Any, other: Any, by: SemanticIndex) -> NoReturn:
+    """Raise: ``index`` is to be installed on ``key``, which shares sessions with ``other``,
+    where ``by`` is installed."""
+    if by is index:
+        whose, why = "this SemanticIndex", "every write would be queued twice"
+    else:
+        whose, why = (
+            "another SemanticIndex",
+            "both would queue every write, and only one would sync it",
+        )
+    raise ConfigurationError(
+        f"{whose} is already installed on {_shown(other)}, which shares the sessions of "
+        f"{_shown(key)}: {why}. A session is synced by one index, installed on one of the "
+        "targets its sessions come from (uninstall the other first)."
+    )
+
+
+def _sharing(key: Any) -> tuple[Any, SemanticIndex] | None:
+    """An installed target, other than ``key``, that shares sessions with it, and its index."""
+    for other, by in list(_installed.items()):
+        if other is not key and _overlap(key, other):
+            return other, by
+    return None
 
 
 def _overlap(a: Any, b: Any) -> bool:
@@ -400,29 +426,24 @@ class SemanticIndex:
                 a Session class and a subclass).
         """
         key = _listen_target(target)
-        with _installed_lock:
-            current = _installed.get(key)
-            if current is not None and current is not self:
-                raise ConfigurationError(
-                    f"another SemanticIndex is already installed on {_shown(key)}; uninstall "
-                    "it first"
-                )
-            for other, by in list(_installed.items()):
-                if other is not key and _overlap(key, other):
-                    if by is self:
-                        whose, why = "this SemanticIndex", "every write would be queued twice"
-                    else:
-                        whose, why = (
-                            "another SemanticIndex",
-                            "both would queue every write, and only one would sync it",
-                        )
+        for collected in (False, True):
+            with _installed_lock:
+                current = _installed.get(key)
+                if current is not None and current is not self:
                     raise ConfigurationError(
-                        f"{whose} is already installed on {_shown(other)}, which shares the "
-                        f"sessions of {_shown(key)}: {why}. A session is synced by one index, "
-                        "installed on one of the targets its sessions come from (uninstall the "
-                        "other first)."
+                        f"another SemanticIndex is already installed on {_shown(key)}; "
+                        "uninstall it first"
                     )
-            _installed[key] = self
+                found = _sharing(key)
+                if found is None:
+                    _installed[key] = self
+                    break
+                if collected:
+                    _refuse_sharing(self, key, *found)
+            # a factory dropped without uninstall may only await the collector (its class is
+            # in reference cycles): not a conflict once collected
+            del found
+            gc.collect()
         bind = _factory_bind(target)
         if isinstance(bind, Engine):
             self.remember_engine(bind)

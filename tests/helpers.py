@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -234,3 +235,12 @@ def in_a_forked_child(work: Callable[[], Any], timeout: float = 60.0) -> tuple[i
     assert "raised" not in report, f"the forked child failed:\n{report['raised']}"
     assert os.waitstatus_to_exitcode(status) == 0 and "returned" in report, report
     return pid, report["returned"]
+
+
+def unload_cli_app(app: Any) -> None:
+    """Undo importing ``tests/cli_app.py``: its index off its factory (a factory left installed
+    would share sessions with another test's install on ``Session``), closed, and forgotten."""
+    app.index.uninstall(app.Session)
+    app.index.close()
+    app.engine.dispose()
+    sys.modules.pop("tests.cli_app", None)

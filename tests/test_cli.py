@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from semantic_orm.cli import main as cli_main
 
-from .helpers import WORDS, doc_text
+from .helpers import WORDS, doc_text, unload_cli_app
 from .models import Article, Base
 
 
@@ -53,8 +53,7 @@ def test_cli_status_reindex_and_worker(
     assert "expected module:attribute" in capsys.readouterr().err
     assert cli_main(["status", "tests.cli_app:Session"]) == 2
     assert "not a SemanticIndex" in capsys.readouterr().err
-    app.index.close()
-    app.engine.dispose()
+    unload_cli_app(app)
 
 
 def test_cli_rebuild_and_gc(
@@ -94,8 +93,7 @@ def test_cli_rebuild_and_gc(
             hits = Article.semantic_search(s, WORDS[2], limit=1, mode="keyword")
             assert [h.obj.id for h in hits] == [2]
     finally:
-        app.index.close()
-        app.engine.dispose()
+        unload_cli_app(app)
 
 
 @pytest.fixture
@@ -108,8 +106,7 @@ def app(tables: Engine, tmp_path: Path, monkeypatch: Any) -> Any:
     sys.modules.pop("tests.cli_app", None)
     module = importlib.import_module("tests.cli_app")
     yield module
-    module.index.close()
-    module.engine.dispose()
+    unload_cli_app(module)
 
 
 def test_version_and_one_line_errors(app: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,8 +138,7 @@ def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: A
         assert code == 1 and last.startswith("semantic-orm: database error:")
         assert "article" in last and "Traceback" not in err
     finally:
-        module.index.close()
-        module.engine.dispose()
+        unload_cli_app(module)
 
 
 def test_jobs_no_loaded_model_maps_are_reported(
@@ -254,8 +250,7 @@ def test_a_second_process_on_an_edge_directory_gets_one_clear_error(
             assert cli_main(argv) == 1
             err = capsys.readouterr().err
             assert f"pid {holder.pid}" in err and "Traceback" not in err
-        app.index.close()
-        app.engine.dispose()
+        unload_cli_app(app)
     finally:
         holder.kill()
         holder.wait()

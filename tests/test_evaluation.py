@@ -34,6 +34,7 @@ from semantic_orm.evaluation import GoldItem, evaluate, load_gold
 from semantic_orm.search import ScoredChunk, SearchHit
 from semantic_orm.stores import VectorStore
 
+from .helpers import unload_cli_app
 from .models import Article, Base
 
 # ---------------------------------------------------------------- metrics on fixed rankings
@@ -206,8 +207,7 @@ def test_cli_eval_prints_table_and_json(
     assert data["recall_span_at_5"] == 1.0 and data["questions"] == 2
     assert cli_main([*args[:3], str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read gold file" in capsys.readouterr().err
-    app.index.close()
-    app.engine.dispose()
+    unload_cli_app(app)
 
 
 def test_evaluate_on_the_session_index(Session: sessionmaker[OrmSession]) -> None:

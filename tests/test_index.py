@@ -132,6 +132,12 @@ def test_targets_sharing_sessions_take_one_index(
     finally:
         index.uninstall(factory)
         other.uninstall(second)
+    # a factory dropped without uninstall holds nothing back once collected
+    dropped = sessionmaker(engine, class_=Custom)
+    other.install(dropped)
+    del dropped
+    index.install(Custom)
+    index.uninstall(Custom)
 
 
 def test_an_application_after_commit_that_raises_does_not_hide_the_commit(

@@ -995,6 +995,7 @@ class _Retrier:
         self.interval = interval
         self._wake = threading.Event()
         self._stopped = threading.Event()
+        weakref.finalize(index, self.stop)  # an index dropped without close(): the thread ends
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
@@ -1042,6 +1043,7 @@ class _Retrier:
                     left = (due - outbox.utcnow()).total_seconds()
                     left = min(max(left, self.interval / 20), 60.0)
                     sleep = left if sleep is None else min(sleep, left)
+            index = None  # not held while waiting: an index dropped meanwhile can go
 
     def stopped(self) -> bool:
         """Whether :meth:`stop` was called."""

@@ -169,9 +169,12 @@ _UNSPACED_FROM = "\u0e00"
 _FROM_THAI_RE = re.compile(f"[{_UNSPACED_FROM}-\U0010ffff]")
 """A character at or above :data:`_UNSPACED_FROM` (found faster than a run is searched)."""
 _WORDS_KEPT = 1 << 17
+_WORD_CACHED = 40
+"""Longest word kept in :data:`_words` (longer ones are rare, and bound its memory)."""
 _words: dict[str, tuple[int, ...]] = {}
 """Each word seen lately, with its terms' dimensions: a text repeats its words, and a corpus its
-vocabulary, so most words are analysed once (bounded: cleared when full)."""
+vocabulary, so most words are analysed once (bounded: cleared when full, words of at most
+:data:`_WORD_CACHED` characters)."""
 
 
 def _word_terms(word: str) -> Iterator[str]:
@@ -192,9 +195,10 @@ def _word_indices(word: str) -> tuple[int, ...]:
     found = _words.get(word)
     if found is None:
         found = tuple(_index(t) for t in _word_terms(word))
-        if len(_words) >= _WORDS_KEPT:
-            _words.clear()
-        _words[word] = found
+        if len(word) <= _WORD_CACHED:  # not a 20,000-character "word" a query may send
+            if len(_words) >= _WORDS_KEPT:
+                _words.clear()
+            _words[word] = found
     return found
 
 

@@ -118,12 +118,14 @@ class ProcessReport:
 
     def add(self, other: ProcessReport) -> None:
         """Accumulate another pass's counts. Of the failures (``sync.failed``, which hold the
-        rows' text) a total keeps those of the latest pass that had any: a worker's total lives
-        as long as the worker, through outages of any length."""
+        rows' text) and the jobs no model maps (``unknown``) a total keeps those of the latest
+        pass that had any: a worker's total lives as long as the worker, through outages (and
+        deployments missing a model) of any length."""
         for name in ("claimed", "done", "retried", "dead", "lost", "skipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.blocked = self.blocked or other.blocked
-        self.unknown.extend(k for k in other.unknown if k not in self.unknown)
+        if other.unknown:
+            self.unknown = list(other.unknown)
         for name in ("upserted", "deleted", "points", "embedded", "reused"):
             setattr(self.sync, name, getattr(self.sync, name) + getattr(other.sync, name))
         if other.sync.failed:

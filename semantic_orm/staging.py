@@ -278,6 +278,8 @@ class SessionTracker:
         self._pending: weakref.WeakKeyDictionary[Connection, list[_Plan]] = (
             weakref.WeakKeyDictionary()
         )
+        self._targets: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        """What :meth:`install` listens on."""
 
     def install(self, target: Any) -> None:
         """Listen on ``target`` (a Session subclass or a Session).
@@ -287,12 +289,17 @@ class SessionTracker:
         commit from being seen, synced and its schema claims kept. The flush listeners take
         their turn in the order of registration.
         """
-        for name, fn in self.listeners.items():
-            if not event.contains(target, name, fn):
-                event.listen(target, name, fn, insert=name in _FIRST)
+        if target in self._targets:
+            return
+        for name, fn in self.listeners.items():  # not event.contains(): SQLAlchemy keys its
+            # record by id(target), which a dead factory's class leaves to a new one
+            event.listen(target, name, fn, insert=name in _FIRST)
+        self._targets[target] = True
 
     def remove(self, target: Any) -> None:
         """Stop listening on ``target``."""
+        if self._targets.pop(target, None) is None:
+            return
         for name, fn in self.listeners.items():
             if event.contains(target, name, fn):
                 event.remove(target, name, fn)

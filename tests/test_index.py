@@ -6,8 +6,10 @@ SQLite (files and memory) and PostgreSQL, both store adapters, the fake embedder
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from sqlalchemy.pool import StaticPool
 from semantic_orm import (
     ConfigurationError,
     SemanticIndex,
+    SemanticTypeError,
     signals,
 )
 from semantic_orm.applying import ApplyReport, Outage
@@ -138,6 +141,57 @@ def test_targets_sharing_sessions_take_one_index(
     del dropped
     index.install(Custom)
     index.uninstall(Custom)
+
+
+def test_every_new_factory_is_listened_on_even_if_never_uninstalled(sqlite_url: Any) -> None:
+    """A factory per request or tenant, installed and dropped without ``uninstall()``: each new
+    one is tracked. (SQLAlchemy keys its record of listeners by ``id(target)``, which a dead
+    factory's class hands to a new one: a check through ``event.contains`` skipped those.)"""
+    engine = sa.create_engine(sqlite_url)
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    seen: set[int] = set()
+    reused = 0
+    try:
+        for n in range(200):
+            factory = sessionmaker(engine)
+            reused += id(factory.class_) in seen
+            seen.add(id(factory.class_))
+            idx.install(factory)
+            with factory() as s:  # the tracker's before_flush refuses what cannot be indexed
+                s.add(Article(title="t", content=12345))  # type: ignore[arg-type]
+                with pytest.raises(SemanticTypeError, match="content"):
+                    s.flush()
+            del factory, s
+            if n % 5 == 0:
+                gc.collect()
+        assert reused  # the case the test is for did happen
+    finally:
+        idx.close()
+        engine.dispose()
+
+
+def test_an_index_dropped_without_close_ends_its_retry_thread(sqlite_url: Any) -> None:
+    """The background retrier holds its index weakly, also while it waits: an index dropped
+    without ``close()`` is collected and its thread ends."""
+    engine = sa.create_engine(sqlite_url)
+    Base.metadata.create_all(engine)
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add(Article(title="t", content="wakes the retrier"))
+        s.commit()
+    thread = idx._retry._thread
+    assert thread is not None and thread.is_alive()
+    gone = weakref.ref(idx)
+    del idx, factory, s
+    deadline = time.monotonic() + 10
+    while (gone() is not None or thread.is_alive()) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert gone() is None and not thread.is_alive()
+    engine.dispose()
 
 
 def test_an_application_after_commit_that_raises_does_not_hide_the_commit(

@@ -174,3 +174,15 @@ def test_no_term_of_a_word_is_a_bigram_in_any_script() -> None:
                 assert not keywords._RUN_RE.search(term), (hex(code), term)
         if keywords._RUN_RE.match(chr(code)):  # text below the first of them has no run
             assert chr(code) >= keywords._UNSPACED_FROM, hex(code)
+
+
+def test_long_words_are_analysed_but_not_kept() -> None:
+    """The word cache keeps words of at most ``_WORD_CACHED`` characters: a query of one huge
+    "word" per search must not grow it by the word's size; its vector is the same either way."""
+    short, long = "riverbank", "x" * 5000 + "y"
+    for word in (short, long):
+        keywords._words.pop(word, None)
+    first = document_vector(f"{short} {long}")
+    assert short in keywords._words and long not in keywords._words
+    assert document_vector(f"{short} {long}") == first
+    assert query_vector(long).indices == document_vector(long).indices

@@ -116,6 +116,17 @@ def test_a_workers_totals_keep_counts_not_every_failure(tables: Engine, store: A
     assert_index_matches_database(tables, store)
 
 
+def test_a_total_keeps_the_latest_unknown_jobs_only() -> None:
+    """Jobs no loaded model maps are retried for ever: a worker's total keeps those of the
+    latest pass that had any, not every key it ever met."""
+    total = processing.ProcessReport()
+    for n in range(3):
+        keys = [outbox.JobKey("ghost", "body", str(n * 10 + i)) for i in range(10)]
+        total.add(processing.ProcessReport(claimed=10, unknown=keys))
+        total.add(processing.ProcessReport())
+    assert total.claimed == 30 and total.unknown == keys
+
+
 def test_a_failing_worker_backs_off_and_logs_sparingly(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

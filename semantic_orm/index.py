@@ -26,8 +26,10 @@ The save path, one module per step:
    for it), in a worker thread for a sync session inside a running loop; with
    ``mode="deferred"`` they wait for a worker (:class:`~semantic_orm.worker.Worker`,
    :class:`~semantic_orm.worker.AsyncWorker`, ``semantic-orm worker``).
-   Jobs that failed are retried in the background after later commits, by a worker, or by
-   :meth:`SemanticIndex.drain`. An inline commit's jobs are born leased to the index on
+   Jobs that failed are retried in the background (a thread, or a task on the loop of an
+   ``AsyncSession``; a commit whose sync leaves something wakes it), by a worker, or by
+   :meth:`SemanticIndex.drain`; the first transaction on a database in a process (``install``
+   on a factory bound to it, already) has them look for jobs an earlier run left. An inline commit's jobs are born leased to the index on
    SQLite and on PostgreSQL (in ``READ COMMITTED``, for a bounded number of rows a
    transaction: see :func:`~semantic_orm.outbox.enqueue`), which then needs no claim
    transaction; a sync session's finished jobs are deleted a moment later, by the next
@@ -58,6 +60,7 @@ a worker in a fresh process finds a job's column from the process's ORM registri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import logging
@@ -84,7 +87,7 @@ from .forking import RenewedLock, in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .outbox import Job
-from .processing import Processor, ProcessReport, RetryPolicy
+from .processing import FAILURE_WAIT_CAP, Blocked, Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
 from .schemas import SchemaClaims, check_connection, jobs_at, translated
@@ -379,9 +382,10 @@ class SemanticIndex:
         )
         self._models = models
         self._discovered = False
-        self._engines: dict[str, Engine] = {}
+        self._engines: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
         self._remembered: weakref.WeakSet[Engine] = weakref.WeakSet()  # (URLs rendered once)
         self._outbox_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
+        self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()  # (see _first_look)
         self._gates: weakref.WeakKeyDictionary[Engine, WriteGate] = weakref.WeakKeyDictionary()
         self._joined: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Connection]] = (
             weakref.WeakKeyDictionary()
@@ -389,8 +393,7 @@ class SemanticIndex:
         self._lock = RenewedLock(reentrant=True)
         self._retry = _Retrier(self)
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._aretrying: set[Any] = set()
-        self._async_engines: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+        self._aretrying: dict[Engine, tuple[asyncio.Task[None], asyncio.Event]] = {}
         _live.add(self)
         in_forked_child(_after_fork)
 
@@ -399,15 +402,16 @@ class SemanticIndex:
         workers): a token of its own (leases, and the release of a dead process's, go by
         pid), none of the parent's finished jobs, fresh write gates and a retrier of its own
         (threads do not survive a fork; its locks are renewed by :mod:`semantic_orm.forking`)."""
-        self.token = self.processor.token = _new_token()
-        self.processor.later.forked()
+        self.token = _new_token()
+        self.processor.forked(self.token)
         self._gates = weakref.WeakKeyDictionary()
         closed = self._retry.stopped()
         self._retry = _Retrier(self)
         if closed:
             self._retry.stop()
         self._tasks = set()  # the parent's event loop's
-        self._aretrying = set()
+        self._aretrying = {}
+        self._looked = weakref.WeakSet()  # each process looks for itself
 
     def __repr__(self) -> str:
         return f"SemanticIndex(store={self.store!r}, embedder={self.embedder!r})"
@@ -451,6 +455,8 @@ class SemanticIndex:
                 with bind.begin() as conn:
                     self.prepare_outbox(conn)
                 self._outbox_ready.add(bind)
+            if self.mode == "inline":
+                self._first_look(bind)
         self._tracker.install(key)
 
     def uninstall(self, target: Any) -> None:
@@ -628,6 +634,8 @@ class SemanticIndex:
             return gate
 
     def _begin(self, engine: Engine, conn: Connection, joined: bool) -> None:
+        if engine not in self._looked and self.mode == "inline":
+            self._first_look(engine)
         self.remember_engine(engine)
         gate = self.gate_for(engine)
         if gate is not None:
@@ -684,6 +692,11 @@ class SemanticIndex:
             return
         if _shared_pool(engine):  # a second checkout would be this very driver connection
             outbox.create_tables(conn)
+            return
+        if not _reading_locks(conn) and outbox.current(conn):  # found through the caller's
+            # connection: a second one, for each of a burst of first transactions, could wait
+            # for the pool they all hold
+            self._outbox_ready.add(engine)
             return
         try:
             with engine.connect() as other, other.begin():
@@ -743,6 +756,22 @@ class SemanticIndex:
             reports.append(ProcessReport(blocked=True))
         self._retry.poke(engine, first_look=not _troubled(reports))
 
+    def _first_look(self, engine: Engine) -> None:
+        """At install or the first transaction on ``engine`` in this process: have the
+        retrier look for jobs an earlier run left (a process killed between a commit and its
+        sync), even if this process only reads or writes other rows. (Not in a database in
+        memory: none outlives its process.)"""
+        if _shared_pool(engine):
+            self._looked.add(engine)
+        elif not engine.dialect.is_async:
+            self._looked.add(engine)
+            self._retry.poke(engine, first_look=True)
+        else:
+            loop = _running_loop()  # (an async engine's first look needs its event loop)
+            if loop is not None:
+                self._looked.add(engine)
+                self._awake(engine, loop)
+
     def _requeued(self, engine: Engine) -> None:
         """A deferred settle queued rows again: have the retrier process them."""
         self._retry.poke(engine)
@@ -765,27 +794,58 @@ class SemanticIndex:
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))
-        if _troubled(reports) and aengine not in self._aretrying:
-            self._aretrying.add(aengine)
-            self._track(asyncio.get_running_loop().create_task(self._aretry(aengine)))
+        if _troubled(reports):
+            self._awake(engine, asyncio.get_running_loop())
 
-    async def _aretry(self, aengine: Any) -> None:
-        """Retry an async engine's failed jobs until none is pending (the async retrier)."""
+    def _awake(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the async retrier of ``engine`` (an async driver's) look for due jobs now,
+        started on ``loop`` if none runs there."""
+        if self._retry.stopped():
+            return
+        running = self._aretrying.get(engine)
+        if running is not None and not running[0].done() and running[0].get_loop() is loop:
+            running[1].set()
+            return
+        wake = asyncio.Event()
+        task = loop.create_task(self._aretry(engine, wake))
+        self._aretrying[engine] = (task, wake)
+
+    async def _aretry(self, engine: Engine, wake: asyncio.Event) -> None:
+        """The async retrier: process an async engine's due jobs until none is pending,
+        sleeping until the next is due or a commit's sync leaves something (``wake``).
+
+        Like :class:`_Retrier`, on the event loop. What it waits for may be the lease of a
+        commit's sync in flight (300 s by default): a commit that leaves something wakes it.
+        """
+        aengine = self.async_engine(engine)
+        failures = 0
         try:
-            while True:
-                report = await self.processor.aprocess(aengine, limit=64)
-                if report.claimed:
-                    continue
-                async with aengine.connect() as conn:
-                    due = await conn.run_sync(outbox.next_due)
-                if due is None:
-                    return
-                wait = (due - outbox.utcnow()).total_seconds()
-                await asyncio.sleep(min(max(wait, 0.05), 60.0))
-        except Exception:
-            log.debug("semantic_orm: background retry failed", exc_info=True)
+            while not self._retry.stopped():
+                wake.clear()
+                try:
+                    if self._blocked(engine):  # (see _Retrier._pass)
+                        raise Blocked
+                    async with aengine.connect() as conn:
+                        due = await conn.run_sync(_next_due)
+                    if due is None:
+                        return
+                    wait = (due - outbox.utcnow()).total_seconds()
+                    if wait <= 0 or self.processor.wanted(engine):
+                        report = await self.processor.aprocess(aengine, limit=64)
+                        if report.claimed and not report.blocked:
+                            continue
+                    failures = 0
+                except Blocked:
+                    wait = self._retry.interval
+                except Exception:
+                    failures += 1
+                    log.debug("semantic_orm: background retry failed", exc_info=True)
+                    wait = min(self._retry.interval * 2**failures, FAILURE_WAIT_CAP)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), min(max(wait, 0.05), 60.0))
         finally:
-            self._aretrying.discard(aengine)
+            if self._aretrying.get(engine, (None,))[0] is asyncio.current_task():
+                del self._aretrying[engine]
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         """Keep a background task alive until it ends (``adrain`` waits for them)."""
@@ -793,16 +853,13 @@ class SemanticIndex:
         task.add_done_callback(self._tasks.discard)
 
     def async_engine(self, engine: Any) -> Any:
-        """The ``AsyncEngine`` of ``engine`` (one of an async driver), made once."""
+        """The ``AsyncEngine`` of ``engine`` (one of an async driver): the application's if it
+        is alive (SQLAlchemy keeps a weak reference from one to the other), else a new one."""
         from sqlalchemy.ext.asyncio import AsyncEngine
 
         if isinstance(engine, AsyncEngine):
             return engine
-        with self._lock:
-            found = self._async_engines.get(engine)
-            if found is None:
-                found = self._async_engines[engine] = AsyncEngine(engine)
-            return found
+        return AsyncEngine._retrieve_proxy_for_target(engine)
 
     def settle(self, bind: Any = None) -> None:
         """Delete the finished jobs of this process's inline commits now (``bind``'s, or all).
@@ -825,17 +882,32 @@ class SemanticIndex:
         """Make sure a worker's database has the outbox (once per engine)."""
         if engine in self._outbox_ready or engine.dialect.is_async:
             return
-        if self.create_outbox and not _shared_pool(engine):
+        if not (self.create_outbox and _shared_pool(engine)):  # (in memory: commits make it)
             with engine.connect() as conn:
-                self.prepare_outbox(conn)
-        elif not self.create_outbox:
-            if not outbox.exists(engine):
-                raise ConfigurationError(
-                    f"the database has no {outbox.OUTBOX_TABLE} table and the index was made "
-                    "with create_outbox=False: run the migration that creates it "
-                    "(semantic_orm.outbox.metadata)"
-                )
-            self._outbox_ready.add(engine)
+                self._check_outbox(conn)
+
+    async def _aready(self, aengine: Any) -> None:
+        """:meth:`_ready` for an ``AsyncEngine`` (an async worker, :meth:`adrain`)."""
+        if aengine.sync_engine not in self._outbox_ready:
+            async with aengine.connect() as conn:
+                await conn.run_sync(self._check_outbox)
+
+    def _check_outbox(self, conn: Connection) -> None:
+        """Create the outbox if missing (``create_outbox``), else make sure it is there.
+
+        Raises:
+            ConfigurationError: No outbox and ``create_outbox=False``, naming the migration.
+        """
+        if self.create_outbox:
+            self.prepare_outbox(conn)
+            return
+        if not outbox.exists(conn):
+            raise ConfigurationError(
+                f"the database has no {outbox.OUTBOX_TABLE} table and the index was made "
+                "with create_outbox=False: run the migration that creates it "
+                "(semantic_orm.outbox.metadata)"
+            )
+        self._outbox_ready.add(conn.engine)
 
     def drain(
         self, bind: Any = None, *, timeout: float | None = 60.0, limit: int = 256
@@ -872,7 +944,9 @@ class SemanticIndex:
 
     async def aprocess(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine`` (or an ``async_sessionmaker`` bound to one)."""
-        return await self.processor.aprocess(self.async_engine(self.engine_for(bind)), limit=limit)
+        aengine = self.async_engine(self.engine_for(bind))
+        await self._aready(aengine)
+        return await self.processor.aprocess(aengine, limit=limit)
 
     async def adrain(
         self, bind: Any = None, *, timeout: float | None = 60.0, limit: int = 256
@@ -885,6 +959,7 @@ class SemanticIndex:
                 them).
         """
         aengine = self.async_engine(self.engine_for(bind))
+        await self._aready(aengine)
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = [t for t in self._tasks if not t.done()]
         if pending:
@@ -954,6 +1029,18 @@ def _stuck(conn: Connection, timeout: float | None) -> str:
     return f"semantic_orm: {total} jobs still pending after {timeout} s: {listed}"
 
 
+def _reading_locks(conn: Connection) -> bool:
+    """Whether a read through ``conn`` would hold a lock that keeps another connection from
+    creating a table until ``conn``'s transaction ends: SQLite's shared lock, once its driver
+    has begun a transaction (an explicit ``BEGIN``; pysqlite's default begins at the first
+    write, so its reads before that hold nothing once done)."""
+    if conn.dialect.name != "sqlite":
+        return False
+    raw = conn.connection.dbapi_connection
+    raw = getattr(raw, "_connection", raw)  # aiosqlite's, under SQLAlchemy's adapter
+    return bool(getattr(raw, "in_transaction", True))
+
+
 def _shared_pool(engine: Engine) -> bool:
     """Whether ``engine``'s pool hands callers the same driver connection (SQLite in memory)."""
     return isinstance(engine.pool, (StaticPool, SingletonThreadPool))
@@ -984,8 +1071,9 @@ def _factory_bind(target: Any, *, ask: bool = False) -> Any:
 class _Retrier:
     """Retries failed jobs in a background thread, so inline mode needs no worker.
 
-    The first inline commit on an engine pokes it (jobs an earlier run left behind), and so does
-    every commit whose sync failed. It then processes due jobs until none is left and sleeps
+    The first transaction on an engine in this process pokes it (jobs an earlier run left
+    behind; ``install`` on a factory bound to it, already), and so does every commit whose
+    sync failed. It then processes due jobs until none is left and sleeps
     until the next retry is due, for as long as jobs are pending. It never runs in the
     committing thread, so a backlog never slows a commit.
     """
@@ -1021,29 +1109,53 @@ class _Retrier:
 
     def _run(self) -> None:
         sleep: float | None = None
+        failures: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         while not self._stopped.is_set():
             self._wake.wait(sleep)
             self._wake.clear()
-            sleep = None
-            for engine in list(self._engines):
-                index = self._index()
-                if index is None or self._stopped.is_set():
-                    return
-                try:
-                    while not self._stopped.is_set():
-                        report = index.processor.process(engine, limit=64)
-                        if not report.claimed or report.blocked:
-                            break
-                    with engine.connect() as conn:
-                        due = outbox.next_due(conn)
-                except Exception:
-                    log.debug("semantic_orm: background retry failed", exc_info=True)
-                    due = outbox.utcnow() + dt.timedelta(seconds=self.interval)
-                if due is not None:  # wake up when the next retry is due
-                    left = (due - outbox.utcnow()).total_seconds()
-                    left = min(max(left, self.interval / 20), 60.0)
-                    sleep = left if sleep is None else min(sleep, left)
-            index = None  # not held while waiting: an index dropped meanwhile can go
+            sleep = self._round(failures)
+            if self._index() is None:
+                return
+
+    def _round(self, failures: weakref.WeakKeyDictionary[Engine, int]) -> float | None:
+        """A pass on each engine; seconds until the next is due (``None``: nothing pending).
+        (A method of its own: the index and the engines are not held while the thread waits,
+        so that they can go meanwhile.)"""
+        sleep: float | None = None
+        for engine in list(self._engines):
+            index = self._index()
+            if index is None or self._stopped.is_set():
+                return None
+            try:
+                left = self._pass(index, engine)
+                failures.pop(engine, None)
+            except Exception:
+                log.debug("semantic_orm: background retry failed", exc_info=True)
+                failures[engine] = failures.get(engine, 0) + 1
+                left = min(self.interval * 2 ** failures[engine], FAILURE_WAIT_CAP)
+            if left is not None:  # wake up when the next retry is due
+                left = min(max(left, self.interval / 20), 60.0)
+                sleep = left if sleep is None else min(sleep, left)
+        return sleep
+
+    def _pass(self, index: SemanticIndex, engine: Engine) -> float | None:
+        """Process ``engine``'s due jobs; seconds until the next is due (``None``: none is
+        pending, or the database has no outbox yet)."""
+        processor = index.processor
+        if processor.blocked(engine):  # (a checkout would be a session's driver connection,
+            return self.interval  # and its return would roll the session's transaction back)
+        with engine.connect() as conn:
+            due = _next_due(conn)
+        if due is not None and (due <= outbox.utcnow() or processor.wanted(engine)):
+            while not self._stopped.is_set():
+                report = processor.process(engine, limit=64)
+                if report.blocked and processor.wanted(engine):
+                    return self.interval
+                if not report.claimed or report.blocked:
+                    break
+            with engine.connect() as conn:
+                due = _next_due(conn)
+        return None if due is None else (due - outbox.utcnow()).total_seconds()
 
     def stopped(self) -> bool:
         """Whether :meth:`stop` was called."""

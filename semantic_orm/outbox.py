@@ -187,6 +187,19 @@ def exists(bind: Engine | Connection) -> bool:
     return inspect(bind).has_table(OUTBOX_TABLE, schema=schema)
 
 
+def current(conn: Connection) -> bool:
+    """Whether ``conn``'s database has the outbox and checkpoint tables, the outbox with every
+    column (:func:`create_tables` has nothing to do)."""
+    from sqlalchemy import inspect
+
+    schema = translated(outbox.schema, conn.get_execution_options())
+    found = inspect(conn)
+    if not found.has_table(OUTBOX_TABLE, schema=schema):
+        return False
+    have = {c["name"] for c in found.get_columns(OUTBOX_TABLE, schema=schema)}
+    return have >= set(outbox.c.keys()) and found.has_table(checkpoints.name, schema=schema)
+
+
 def utcnow() -> dt.datetime:
     """Timezone-aware now (UTC)."""
     return dt.datetime.now(dt.UTC)

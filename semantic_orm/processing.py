@@ -14,7 +14,9 @@ A :class:`Processor` pass over one database:
    after checking that each column's collection still matches its settings;
 4. **settle** in a short transaction: delete finished jobs (and dead jobs of the same rows),
    record failures with their backoff, queue again the rows whose lease was lost, and remove
-   the points of rows whose job was dead-lettered, so the store holds only current text.
+   the points of rows whose job was dead-lettered, so the store holds only current text. A
+   settle the database refuses (locked, gone) waits for the next pass on that database, which
+   settles it first while its leases hold (:meth:`Processor.wanted` tells a retrier so).
 
 An inline commit's jobs that all succeeded may be settled later instead (``defer=True``, see
 :class:`DeferredSettle`): on SQLite the next commit on the same database deletes them in its
@@ -59,9 +61,25 @@ from .gate import WriteGate
 from .mapping import SemanticColumn, key_params, keys_in, pk_in, row_key
 from .outbox import Job, JobKey
 
-__all__ = ["DeferredSettle", "ProcessReport", "Processor", "RetryPolicy", "read_values"]
+__all__ = [
+    "FAILURE_WAIT_CAP",
+    "DeferredSettle",
+    "ProcessReport",
+    "Processor",
+    "RetryPolicy",
+    "read_values",
+]
 
 log = logging.getLogger("semantic_orm")
+
+UNSETTLED_MARGIN = 5.0
+"""Seconds a failed settle's leases must hold yet for the next pass to settle it (after that
+its jobs are left to be claimed again)."""
+
+FAILURE_WAIT_CAP = 30.0
+"""Longest wait, in seconds, between the passes of a worker or a retrier whose passes keep
+failing (the database down): the wait doubles up to it (a worker's is at least its
+``poll_interval``)."""
 
 SWEEP = 60.0
 """Seconds between two looks for the leases of processes of this host that died."""
@@ -229,6 +247,19 @@ class Processor:
         self._swept: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
         self.later = DeferredSettle(self, requeued)
         """Finished jobs of inline commits that are not deleted yet."""
+        self._unsettled: weakref.WeakKeyDictionary[Engine, list[_Pass]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Passes whose settle failed (the database refused it): the next pass on their
+        database settles them first, while their leases hold."""
+        self._lock = RenewedLock()
+
+    def forked(self, token: str) -> None:
+        """In a process forked from this one's: a token of its own, none of the parent's
+        finished or unsettled jobs (it settles them)."""
+        self.token = token
+        self.later.forked()
+        self._unsettled = weakref.WeakKeyDictionary()
 
     @contextlib.contextmanager
     def writing(self, engine: Engine) -> Iterator[Connection]:
@@ -281,6 +312,11 @@ class Processor:
         try:
             if self.blocked(engine):
                 raise Blocked
+            left = self._left(engine)
+            while left:  # earlier passes whose settle failed
+                with self._settling(engine, left), self.writing(engine) as conn:
+                    left[0].settle(conn)
+                left.pop(0).forget()
             if claimed is None:
                 if ids is None:
                     with engine.connect() as conn:
@@ -294,7 +330,7 @@ class Processor:
                     claimed = run.claim_and_read(conn, limit, ids)
                 written = None  # claimed now: another pass may have synced a newer value
             else:
-                run.jobs = list(claimed)
+                run.hold(claimed)
             if claimed and not run.grouped and run.group(written):
                 with engine.connect() as conn:
                     run.read(conn)
@@ -304,7 +340,7 @@ class Processor:
                     run.report.done = len(run.jobs)
                     self.later.add(engine, run.jobs)
                 else:
-                    with self.writing(engine) as conn:
+                    with self._settling(engine, [run]), self.writing(engine) as conn:
                         run.settle(conn)
                     run.forget()
         except Blocked:
@@ -328,6 +364,12 @@ class Processor:
         try:
             if self.blocked(sync_engine):
                 raise Blocked
+            left = self._left(sync_engine)
+            while left:
+                with self._settling(sync_engine, left):
+                    async with self.awriting(engine) as conn:
+                        await conn.run_sync(left[0].settle)
+                await asyncio.to_thread(left.pop(0).forget)
             if claimed is None:
                 if ids is None:
                     sweep = self._sweep(sync_engine)
@@ -342,18 +384,49 @@ class Processor:
                     claimed = await conn.run_sync(run.claim_and_read, limit, ids)
                 written = None
             else:
-                run.jobs = list(claimed)
+                run.hold(claimed)
             if claimed and not run.grouped and run.group(written):
                 async with engine.connect() as conn:
                     await conn.run_sync(run.read)
             if claimed:
                 await asyncio.to_thread(run.apply, inline)
-                async with self.awriting(engine) as conn:
-                    await conn.run_sync(run.settle)
+                with self._settling(sync_engine, [run]):
+                    async with self.awriting(engine) as conn:
+                        await conn.run_sync(run.settle)
                 await asyncio.to_thread(run.forget)
         except Blocked:
             run.report.blocked = True
         return run.report
+
+    @contextlib.contextmanager
+    def _settling(self, engine: Engine, runs: list[_Pass]) -> Iterator[None]:
+        """Around the settle of ``runs[0]`` (the others wait their turn): if it fails (the
+        database refused it, or a session holds the only connection), they wait for the next
+        pass on ``engine`` instead of leaving their jobs leased to this processor until the
+        leases end (300 s by default: what they synced stayed pending that long, what failed
+        was not retried sooner)."""
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self._unsettled.setdefault(engine, []).extend(runs)
+            raise
+
+    def wanted(self, engine: Engine) -> bool:
+        """Whether a pass on ``engine`` has work even if no job is due: a pass whose settle
+        failed waits for it, or a look for the leases of dead processes of this host is due
+        (their jobs look leased for the rest of their leases)."""
+        if time.monotonic() - self._swept.get(engine, -SWEEP) >= SWEEP:
+            return True
+        with self._lock:
+            return any(run.holds() for run in self._unsettled.get(engine, ()))
+
+    def _left(self, engine: Engine) -> list[_Pass]:
+        """Take ``engine``'s passes whose settle failed, those whose leases still hold (the
+        others' jobs are due again: another pass syncs their rows once more)."""
+        with self._lock:
+            runs = self._unsettled.pop(engine, [])
+        return [run for run in runs if run.holds()]
 
     def _sweep(self, engine: Engine) -> bool:
         """Whether to look for the leases of processes that died here (every :data:`SWEEP` s)."""
@@ -628,12 +701,26 @@ class _Pass:
         self.buried: list[JobKey] = []
         self.grouped = False
         """Whether :meth:`group` ran."""
+        self.until: float | None = None
+        """When (``time.monotonic()``) the leases of its jobs end."""
 
     def look(self, conn: Connection, sweep: bool) -> bool:
         """Whether a job is due (a read); notes the leases of dead local processes."""
         if sweep:
             self.orphans = outbox.orphaned_tokens(conn)
         return outbox.has_due(conn)
+
+    def hold(self, jobs: Sequence[Job]) -> None:
+        """Take ``jobs``, already leased to this processor (born leased: their leases end
+        with the earliest of theirs)."""
+        self.jobs = list(jobs)
+        ends = [job.lease_end for job in jobs if job.lease_end is not None]
+        self.until = min(ends) if len(ends) == len(self.jobs) and ends else None
+
+    def holds(self) -> bool:
+        """Whether the leases of its jobs hold for a few seconds yet (a settle then still finds
+        them ours, none synced by another pass meanwhile)."""
+        return self.until is not None and self.until > time.monotonic() + UNSETTLED_MARGIN
 
     def release(self, conn: Connection) -> None:
         """Make the dead processes' jobs due again."""
@@ -643,6 +730,7 @@ class _Pass:
         """Lease due jobs (or those among ``ids``); a column the index cannot use through
         this pass's engine raises in the claim's transaction, which leaves them as they were."""
         p = self.processor
+        self.until = time.monotonic() + p.policy.lease  # (before the claim: counts from now)
         claimed = outbox.claim(conn, token=p.token, lease=p.policy.lease, limit=limit, ids=ids)
         for table, column in dict.fromkeys((job.key.table, job.key.column) for job in claimed):
             binding = p.resolve(table, column)

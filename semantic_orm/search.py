@@ -1211,11 +1211,23 @@ class _QueryBatcher:
                         future.set_result(vector)
         finally:
             self.running = False
+            self._task = None  # (it holds the loop: the loop's entry would never go)
+            _forget(self)
 
 
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _QueryBatcher]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _forget(batcher: _QueryBatcher) -> None:
+    """Drop an idle batcher (an index closed meanwhile keeps no embedder alive through it)."""
+    loop = asyncio.get_running_loop()
+    mine = _batchers.get(loop, {})
+    if mine.get(id(batcher.embedder)) is batcher:
+        del mine[id(batcher.embedder)]
+    if not mine:
+        _batchers.pop(loop, None)
 
 
 def _batcher(embedder: Any) -> _QueryBatcher:

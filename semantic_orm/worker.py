@@ -38,15 +38,11 @@ import threading
 from typing import Any
 
 from .index import SemanticIndex
-from .processing import ProcessReport
+from .processing import FAILURE_WAIT_CAP, ProcessReport
 
 __all__ = ["FAILURE_WAIT_CAP", "AsyncWorker", "Worker"]
 
 log = logging.getLogger("semantic_orm")
-
-FAILURE_WAIT_CAP = 30.0
-"""Longest wait, in seconds, between the passes of a worker whose passes keep failing (at
-least its ``poll_interval``)."""
 
 
 class _Drainer:

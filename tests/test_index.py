@@ -23,6 +23,7 @@ from semantic_orm import (
     ConfigurationError,
     SemanticIndex,
     SemanticTypeError,
+    outbox,
     signals,
 )
 from semantic_orm.applying import ApplyReport, Outage
@@ -437,6 +438,33 @@ def test_concurrent_first_commits_on_a_fresh_database(postgresql_url: Any) -> No
     assert len(jobs(engine)) == 6
     idx.uninstall(factory)
     engine.dispose()
+
+
+def test_a_first_transaction_finds_the_outbox_through_its_own_connection(db_url: Any) -> None:
+    """A process's first transactions find an existing outbox through their own connection:
+    each took a second one from the pool, and a burst of them, holding every connection,
+    waited for the pool's timeout (5 s each, then errors, measured with a pool of 2)."""
+    setup = sa.create_engine(db_url)
+    Base.metadata.create_all(setup)
+    with setup.begin() as conn:
+        outbox.create_tables(conn)
+    setup.dispose()
+    engine = sa.create_engine(db_url, pool_size=1, max_overflow=0, pool_timeout=3)
+    checkouts: list[int] = []
+    sa.event.listen(engine, "checkout", lambda *args: checkouts.append(1))
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(), mode="deferred")
+    factory = sessionmaker()  # unbound: the outbox is looked for at the first transaction
+    idx.install(factory)
+    try:
+        started = time.monotonic()
+        with factory(bind=engine) as s:
+            s.add(Article(id=1, title="t", content="a row"))
+            s.commit()
+        assert len(checkouts) == 1 and time.monotonic() - started < 2
+        assert len(jobs(engine)) == 1
+    finally:
+        idx.uninstall(factory)
+        engine.dispose()
 
 
 def test_per_model_binds(tmp_path: Any, pg_url: Any, store: Any) -> None:

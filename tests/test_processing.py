@@ -1238,3 +1238,103 @@ def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
         s.commit()
     assert settled(engine) == []  # the later success cleared the dead job
     assert_index_matches_database(engine, idx.store)
+
+
+def _settle_fails_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the next settle of a pass fail as a database that refuses it would (locked, gone);
+    the list counts the settles tried."""
+    original = processing._Pass.settle
+    tries: list[int] = []
+
+    def settle(self: Any, conn: Any) -> None:
+        tries.append(len(self.jobs))
+        if len(tries) == 1:
+            raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
+        original(self, conn)
+
+    monkeypatch.setattr(processing._Pass, "settle", settle)
+    return tries
+
+
+def test_a_pass_whose_settle_failed_is_settled_by_the_next(
+    tables: Engine, installed: Any, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that synced its rows but whose settle the database refused leaves them to the
+    next pass, which settles them first: they are not left leased to this process until their
+    leases end (300 s: drain() timed out, and a failure went unrecorded that long)."""
+    idx, factory = installed(flaky=True, mode="deferred", retry_base=60)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="rivers"))
+        s.commit()
+    tries = _settle_fails_once(monkeypatch)
+    with pytest.raises(sa.exc.OperationalError, match="locked"):
+        idx.process(tables)
+    (job,) = jobs(tables)
+    assert job["claimed_by"] == idx.token and store.count(COLL) == 1  # synced, not settled
+    report = idx.drain(tables, timeout=5)
+    assert tries == [1, 1] and report.claimed == 0 and jobs(tables) == []
+
+    with factory() as s:  # a failed sync whose settle fails too
+        s.add(Article(id=2, title="t", content="lakes"))
+        s.commit()
+    idx.store.down = True
+    tries.clear()
+    with pytest.raises(sa.exc.OperationalError):
+        idx.process(tables)
+    assert not idx.process(tables).claimed  # settles the first pass: records its failure
+    (job,) = jobs(tables)
+    assert job["attempts"] == 1 and job["claimed_by"] is None and "down" in job["last_error"]
+    idx.store.down = False
+    with tables.begin() as conn:  # due now (not in 60 s)
+        conn.execute(update(outbox.outbox).values(next_attempt_at=outbox.utcnow()))
+    idx.drain(tables, timeout=10)
+    assert_index_matches_database(tables, store)
+
+
+def _soon(check: Any, timeout: float = 10.0) -> bool:
+    """Whether ``check()`` comes true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_jobs_an_earlier_run_left_are_synced_by_a_process_that_does_not_write(
+    tables: Engine, store: Any
+) -> None:
+    """A process killed between a commit and its sync leaves jobs; the next run's retrier looks
+    for them at install (a factory bound to the engine) or at its first transaction, not only
+    once it commits (an app that only read kept those rows out of the index)."""
+    earlier = SemanticIndex(store=store, embedder=HashEmbedder(), mode="deferred")
+    earlier_factory = sessionmaker(tables)
+    earlier.install(earlier_factory)
+    with earlier_factory() as s:
+        s.add(Article(id=1, title="t", content="the crash lost this sync"))
+        s.commit()
+    earlier.uninstall(earlier_factory)
+    unbound = sessionmaker()  # (Flask-SQLAlchemy style: the engine is known per session)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    idx.install(unbound)
+    try:
+        time.sleep(0.3)
+        assert store.count(COLL) == 0  # nothing knows the engine yet
+        with unbound(bind=tables) as s:
+            s.execute(select(1))  # a read
+        assert _soon(lambda: store.count(COLL) == 1 and not jobs(tables))
+    finally:
+        idx.uninstall(unbound)
+    earlier.install(earlier_factory)
+    with earlier_factory() as s:
+        s.add(Article(id=2, title="t", content="another one"))
+        s.commit()
+    earlier.uninstall(earlier_factory)
+    bound = sessionmaker(tables)
+    again = SemanticIndex(store=store, embedder=HashEmbedder())
+    again.install(bound)  # and nothing else
+    try:
+        assert _soon(lambda: store.count(COLL) == 2 and not jobs(tables))
+    finally:
+        again.uninstall(bound)
+    assert_index_matches_database(tables, store)

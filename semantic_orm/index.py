@@ -29,13 +29,13 @@ The save path, one module per step:
    Jobs that failed are retried in the background (a thread, or a task on the loop of an
    ``AsyncSession``; a commit whose sync leaves something wakes it), by a worker, or by
    :meth:`SemanticIndex.drain`; the first transaction on a database in a process (``install``
-   on a factory bound to it, already) has them look for jobs an earlier run left. An inline commit's jobs are born leased to the index on
-   SQLite and on PostgreSQL (in ``READ COMMITTED``, for a bounded number of rows a
-   transaction: see :func:`~semantic_orm.outbox.enqueue`), which then needs no claim
-   transaction; a sync session's finished jobs are deleted a moment later, by the next
-   commit's transaction on SQLite, else by a timer for all the commits meanwhile
-   (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction of their
-   own;
+   on a factory bound to it, already) has them look for jobs an earlier run left. An inline
+   commit's jobs are born leased to the index on SQLite and on PostgreSQL (in ``READ
+   COMMITTED``, for a bounded number of rows a transaction: see
+   :func:`~semantic_orm.outbox.enqueue`), which then needs no claim transaction; a sync
+   session's finished jobs are deleted a moment later, by the next commit's transaction on
+   SQLite, else by a timer for all the commits meanwhile
+   (:class:`~semantic_orm.processing.DeferredSettle`), not by a write transaction of their own;
 3. :mod:`~semantic_orm.applying` chunks, embeds and writes each row's current text, using the
    column's :class:`~semantic_orm.binding.ColumnBinding` (resolved once per column).
 

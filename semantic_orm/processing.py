@@ -636,8 +636,9 @@ class DeferredSettle:
         for engine in due:
             self.flush(engine)
         with self._lock:
-            if self._since and self._timer is None and not self._closed:
-                self._arm(max(0.0, min(self._since.values()) + self.delay - time.monotonic()))
+            waiting = list(self._since.values())  # (weak keys: an engine may go meanwhile)
+            if waiting and self._timer is None and not self._closed:
+                self._arm(max(0.0, min(waiting) + self.delay - time.monotonic()))
 
     def close(self) -> None:
         """Settle what waits, and settle at once from now on."""

@@ -754,7 +754,8 @@ class SemanticIndex:
         except Exception:
             log.exception("semantic_orm: inline sync failed; the jobs stay in the outbox")
             reports.append(ProcessReport(blocked=True))
-        self._retry.poke(engine, first_look=not _troubled(reports))
+        if _troubled(reports):
+            self._retry.poke(engine)
 
     def _first_look(self, engine: Engine) -> None:
         """At install or the first transaction on ``engine`` in this process: have the
@@ -765,7 +766,7 @@ class SemanticIndex:
             self._looked.add(engine)
         elif not engine.dialect.is_async:
             self._looked.add(engine)
-            self._retry.poke(engine, first_look=True)
+            self._retry.poke(engine)
         else:
             loop = _running_loop()  # (an async engine's first look needs its event loop)
             if loop is not None:
@@ -1085,19 +1086,13 @@ class _Retrier:
         self._stopped = threading.Event()
         weakref.finalize(index, self.stop)  # an index dropped without close(): the thread ends
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-        self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
         self._lock = RenewedLock()
 
-    def poke(self, engine: Engine, *, first_look: bool = False) -> None:
-        """A commit happened on ``engine``: look for due jobs soon.
-
-        With ``first_look`` (the commit itself synced fine) only the first commit on an engine
-        looks, for jobs left by an earlier run; a failed sync always does.
-        """
-        if self._stopped.is_set() or (first_look and engine in self._looked):
+    def poke(self, engine: Engine) -> None:
+        """Look for due jobs on ``engine`` soon (a first look, or a sync that failed)."""
+        if self._stopped.is_set():
             return
-        self._looked.add(engine)
         self._engines.add(engine)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():

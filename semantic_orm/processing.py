@@ -416,7 +416,7 @@ class Processor:
         """Whether a pass on ``engine`` has work even if no job is due: a pass whose settle
         failed waits for it, or a look for the leases of dead processes of this host is due
         (their jobs look leased for the rest of their leases)."""
-        if time.monotonic() - self._swept.get(engine, -SWEEP) >= SWEEP:
+        if self._sweep_due(engine):
             return True
         with self._lock:
             return any(run.holds() for run in self._unsettled.get(engine, ()))
@@ -428,9 +428,13 @@ class Processor:
             runs = self._unsettled.pop(engine, [])
         return [run for run in runs if run.holds()]
 
+    def _sweep_due(self, engine: Engine) -> bool:
+        """Whether :data:`SWEEP` s have passed since the last look at ``engine``'s leases."""
+        return time.monotonic() - self._swept.get(engine, -SWEEP) >= SWEEP
+
     def _sweep(self, engine: Engine) -> bool:
         """Whether to look for the leases of processes that died here (every :data:`SWEEP` s)."""
-        if time.monotonic() - self._swept.get(engine, -SWEEP) < SWEEP:
+        if not self._sweep_due(engine):
             return False
         self._swept[engine] = time.monotonic()
         return True

@@ -17,7 +17,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from semantic_orm import EmbeddingError, outbox
+from semantic_orm import EmbeddingError, outbox, processing
 from semantic_orm.applying import text_hash
 from semantic_orm.mapping import row_key, semantic_columns
 from semantic_orm.stores.base import PointPayload
@@ -244,3 +244,19 @@ def unload_cli_app(app: Any) -> None:
     app.index.close()
     app.engine.dispose()
     sys.modules.pop("tests.cli_app", None)
+
+
+def settle_fails_once(monkeypatch: Any) -> list[int]:
+    """Make the next settle of a pass fail as a database that refuses it would (locked, gone);
+    the list counts the settles tried."""
+    original = processing._Pass.settle
+    tries: list[int] = []
+
+    def settle(self: Any, conn: Any) -> None:
+        tries.append(len(self.jobs))
+        if len(tries) == 1:
+            raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
+        original(self, conn)
+
+    monkeypatch.setattr(processing._Pass, "settle", settle)
+    return tries

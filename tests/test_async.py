@@ -8,24 +8,26 @@ between its ticks while a commit syncs with an embedder that blocks its thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import inspect
 import itertools
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, delete, func, select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     async_scoped_session,
     async_sessionmaker,
 )
 
-from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search, outbox, processing
+from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search, outbox
 from semantic_orm.testing import FlakyStore, HashEmbedder
 
-from .helpers import COLL, assert_index_matches_database, points_of, reads_of
+from .helpers import COLL, assert_index_matches_database, points_of, reads_of, settle_fails_once
 from .models import Article, Note
 
 pytestmark = pytest.mark.asyncio
@@ -206,18 +208,49 @@ async def test_one_async_session_and_async_scoped_sessions(
 
 
 async def _soon(check: Any, timeout: float = 10.0) -> bool:
-    """Whether ``check()`` comes true within ``timeout`` seconds (checked every 50 ms)."""
+    """Whether ``check()`` (a value or an awaitable) comes true within ``timeout`` seconds
+    (checked every 50 ms)."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        found = check()
+        if inspect.isawaitable(found):
+            found = await found
+        if found:
+            return True
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.05)
-    return True
 
 
 async def _outbox_rows(aengine: AsyncEngine) -> int:
     async with aengine.connect() as conn:
         return int((await conn.execute(select(func.count()).select_from(outbox.outbox))).scalar())
+
+
+@contextlib.asynccontextmanager
+async def _installed(
+    aengine: AsyncEngine, store: Any, **settings: Any
+) -> AsyncIterator[tuple[SemanticIndex, async_sessionmaker[Any]]]:
+    """An index with the fake embedder installed on an async factory over ``aengine``
+    (uninstalled at the end)."""
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), **settings)
+    factory = async_sessionmaker(aengine, expire_on_commit=False)
+    idx.install(factory)
+    try:
+        yield idx, factory
+    finally:
+        idx.uninstall(factory)
+
+
+async def _no_jobs(aengine: AsyncEngine) -> bool:
+    return await _outbox_rows(aengine) == 0
+
+
+async def _add(factory: async_sessionmaker[Any], pk: int, text: str) -> None:
+    """Commit one new article."""
+    async with factory() as s:
+        s.add(Article(id=pk, title="t", content=text))
+        await s.commit()
 
 
 async def test_the_async_retrier_wakes_for_a_commit_that_leaves_it_a_row(
@@ -226,9 +259,6 @@ async def test_the_async_retrier_wakes_for_a_commit_that_leaves_it_a_row(
     """The async retrier asleep until a lease ends (another process's, up to 60 s) wakes when a
     commit's sync leaves it a row (that row stayed out of the index about 60 s), and adrain()
     does not wait for it (it took as long with nothing to do)."""
-    idx = SemanticIndex(store=FlakyStore(store), embedder=HashEmbedder(), retry_base=0.1)
-    factory = async_sessionmaker(aengine, expire_on_commit=False)
-    idx.install(factory)
     now = outbox.utcnow()
     elsewhere = outbox.outbox.insert().values(
         table_name="article",
@@ -241,18 +271,14 @@ async def test_the_async_retrier_wakes_for_a_commit_that_leaves_it_a_row(
         created_at=now,
         claimed_by="elsewhere:1:x",
     )
-    try:
-        async with factory() as s:
-            s.add(Article(id=1, title="t", content="first row"))
-            await s.commit()
+    async with _installed(aengine, FlakyStore(store), retry_base=0.1) as (idx, factory):
+        await _add(factory, 1, "first row")
         await idx.adrain(factory, timeout=10)
         async with aengine.begin() as conn:
             await conn.execute(elsewhere)
         for pk in (2, 3):
             idx.store.down = True
-            async with factory() as s:
-                s.add(Article(id=pk, title="t", content=f"row {pk} about rivers"))
-                await s.commit()
+            await _add(factory, pk, f"row {pk} about rivers")
             await asyncio.sleep(0.2)  # its sync failed: the retrier has it
             idx.store.down = False
             assert await _soon(lambda pk=pk: bool(points_of(idx, pk)))  # (row 3: 60 s before)
@@ -261,8 +287,6 @@ async def test_the_async_retrier_wakes_for_a_commit_that_leaves_it_a_row(
         started = time.monotonic()
         await idx.adrain(factory, timeout=30)
         assert time.monotonic() - started < 5 and await _outbox_rows(aengine) == 0
-    finally:
-        idx.uninstall(factory)
 
 
 async def test_an_async_sync_whose_settle_failed_is_settled_soon(
@@ -271,34 +295,11 @@ async def test_an_async_sync_whose_settle_failed_is_settled_soon(
     """An AsyncSession's sync whose settle the database refused (SQLite "database is locked"
     under load) is settled by the retrier at once, not left leased to this process for the
     lease (300 s: adrain() timed out, later writes of the row waited behind it)."""
-    original = processing._Pass.settle
-    tries: list[int] = []
-
-    def settle(self: Any, conn: Any) -> None:
-        tries.append(len(self.jobs))
-        if len(tries) == 1:
-            raise OperationalError("DELETE", {}, Exception("database is locked"))
-        original(self, conn)
-
-    monkeypatch.setattr(processing._Pass, "settle", settle)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = async_sessionmaker(aengine, expire_on_commit=False)
-    idx.install(factory)
-    try:
-        async with factory() as s:
-            s.add(Article(id=1, title="t", content="a row about rivers"))
-            await s.commit()
-        rows: list[int] = [1]
-
-        async def count() -> None:
-            while rows[0]:
-                rows[0] = await _outbox_rows(aengine)
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(count(), 10)  # by the retrier: no adrain
+    tries = settle_fails_once(monkeypatch)
+    async with _installed(aengine, store) as (idx, factory):
+        await _add(factory, 1, "a row about rivers")
+        assert await _soon(lambda: _no_jobs(aengine))  # by the retrier: no adrain
         assert tries == [1, 1] and points_of(idx, 1)
-    finally:
-        idx.uninstall(factory)
 
 
 async def test_jobs_an_earlier_run_left_are_synced_at_the_first_async_transaction(
@@ -306,23 +307,14 @@ async def test_jobs_an_earlier_run_left_are_synced_at_the_first_async_transactio
 ) -> None:
     """The first transaction of an AsyncSession looks for jobs an earlier run left (a process
     killed before its sync): they were synced only by a worker, or never."""
-    earlier = SemanticIndex(store=store, embedder=HashEmbedder(), mode="deferred")
-    factory = async_sessionmaker(aengine, expire_on_commit=False)
-    earlier.install(factory)
-    async with factory() as s:
-        s.add(Article(id=1, title="t", content="the crash lost this sync"))
-        await s.commit()
-    earlier.uninstall(factory)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    idx.install(factory)
-    try:
+    async with _installed(aengine, store, mode="deferred") as (_, factory):
+        await _add(factory, 1, "the crash lost this sync")
+    async with _installed(aengine, store) as (idx, factory):
         async with factory() as s:
             await s.execute(select(1))  # a read
         assert await _soon(lambda: bool(points_of(idx, 1)))
         assert await _soon(lambda: not idx._aretrying)  # then it ends
         assert await _outbox_rows(aengine) == 0
-    finally:
-        idx.uninstall(factory)
 
 
 async def test_adrain_and_an_async_worker_on_a_database_without_an_outbox(
@@ -338,9 +330,7 @@ async def test_adrain_and_an_async_worker_on_a_database_without_an_outbox(
     factory = async_sessionmaker(aengine, expire_on_commit=False)
     idx.install(factory)
     try:
-        async with factory() as s:
-            s.add(Article(id=1, title="t", content="a row about rivers"))
-            await s.commit()
+        await _add(factory, 1, "a row about rivers")
         await asyncio.wait_for(worker.run(stop_when_idle=True), 10)
         assert worker.totals.done == 1 and points_of(idx, 1)
     finally:
@@ -354,17 +344,10 @@ async def test_an_idle_query_batcher_holds_neither_its_loop_nor_its_embedder(
     query batchers (37 MB per closed tenant index with MiniLM)."""
     from semantic_orm import search
 
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = async_sessionmaker(aengine, expire_on_commit=False)
-    idx.install(factory)
-    try:
-        async with factory() as s:
-            s.add(Article(id=1, title="t", content="a row about rivers"))
-            await s.commit()
+    async with _installed(aengine, store) as (idx, factory):
+        await _add(factory, 1, "a row about rivers")
         await idx.adrain(factory, timeout=10)
         async with factory() as s:
             hits = await asemantic_search(s, Article, "rivers", limit=1)
         assert [h.obj.id for h in hits] == [1]
         assert asyncio.get_running_loop() not in search._batchers
-    finally:
-        idx.uninstall(factory)

@@ -52,6 +52,7 @@ from .helpers import (
     points_of,
     pysqlite_recipe,
     reads_of,
+    settle_fails_once,
     settled,
 )
 from .models import Article, Base, Comment
@@ -1240,22 +1241,6 @@ def test_dead_letters_remove_old_points_and_clear_when_a_later_job_succeeds(
     assert_index_matches_database(engine, idx.store)
 
 
-def _settle_fails_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make the next settle of a pass fail as a database that refuses it would (locked, gone);
-    the list counts the settles tried."""
-    original = processing._Pass.settle
-    tries: list[int] = []
-
-    def settle(self: Any, conn: Any) -> None:
-        tries.append(len(self.jobs))
-        if len(tries) == 1:
-            raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
-        original(self, conn)
-
-    monkeypatch.setattr(processing._Pass, "settle", settle)
-    return tries
-
-
 def test_a_pass_whose_settle_failed_is_settled_by_the_next(
     tables: Engine, installed: Any, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1266,7 +1251,7 @@ def test_a_pass_whose_settle_failed_is_settled_by_the_next(
     with factory() as s:
         s.add(Article(id=1, title="t", content="rivers"))
         s.commit()
-    tries = _settle_fails_once(monkeypatch)
+    tries = settle_fails_once(monkeypatch)
     with pytest.raises(sa.exc.OperationalError, match="locked"):
         idx.process(tables)
     (job,) = jobs(tables)

@@ -90,7 +90,7 @@ from .outbox import Job
 from .processing import FAILURE_WAIT_CAP, Blocked, Processor, ProcessReport, RetryPolicy
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
-from .schemas import SchemaClaims, check_connection, jobs_at, translated
+from .schemas import Place, SchemaClaims, check_connection, database_of, jobs_at, translated
 from .staging import SessionTracker, Staged, StagingHooks, session_connection
 from .stores.base import Store
 
@@ -524,15 +524,14 @@ class SemanticIndex:
 
     def reach(self, bind: Any, columns: Iterable[SemanticColumn]) -> None:
         """Refuse to use ``columns``' rows through ``bind`` (an engine or connection) in
-        another schema than this index already used them in (``schema_translate_map``: see
-        :mod:`semantic_orm.schemas`).
+        another database or schema than this index already used them in (a database per
+        tenant, or ``schema_translate_map``: see :mod:`semantic_orm.schemas`).
 
         Raises:
-            ConfigurationError: Naming the column, both schemas and the fix.
+            ConfigurationError: Naming the column, both databases or schemas, and the fix.
         """
-        options = bind.get_execution_options()
         self._schemas.claim(
-            [(c.table, translated(c.column.table.schema, options), c.label, None) for c in columns]
+            [(c.table, _place(bind, c.column.table.schema), c.label, None) for c in columns]
         )
 
     def reach_session(self, session: Any, column: SemanticColumn) -> None:
@@ -546,7 +545,7 @@ class SemanticIndex:
         conn = bind if isinstance(bind, Connection) else session_connection(sync, bind)
         if conn is not None:
             check_connection(conn, (column.column.table.schema,), column.label, None)
-        self.reach(bind, (column,))
+        self.reach(bind if conn is None else conn, (column,))
 
     def _reach_writing(
         self,
@@ -556,15 +555,14 @@ class SemanticIndex:
     ) -> None:
         """Writes of tables (each with what to call it) on connections (``options``: a
         statement's own), in transaction ``owner``: each connection translates as its engine
-        does, and this index and each engine's outbox keep every table in one schema (see
-        :mod:`semantic_orm.schemas`); nothing is claimed unless all pass, and the claims go if
-        ``owner`` does not commit."""
+        does, this index keeps every table in one database and schema, and each engine's
+        outbox in one schema (see :mod:`semantic_orm.schemas`); nothing is claimed unless all
+        pass, and the claims go if ``owner`` does not commit."""
         claims = []
         for conn, table, what in writes:
             check_connection(conn, (table.schema, outbox.outbox.schema), what, options)
-            engine = conn.engine
-            reached = translated(table.schema, engine.get_execution_options())
-            claims.append((table_name(table), reached, what, jobs_at(engine, outbox.outbox)))
+            jobs = jobs_at(conn.engine, outbox.outbox)
+            claims.append((table_name(table), _place(conn, table.schema), what, jobs))
         self._schemas.claim(claims, owner)
 
     def _mapper_for(self, table: Table) -> Mapper[Any] | None:
@@ -990,6 +988,13 @@ class SemanticIndex:
         self.processor.later.close()
         self._retry.stop()
         self.store.close()
+
+
+def _place(bind: Engine | Connection, schema: str | None) -> Place:
+    """Where a table declared in ``schema`` is through ``bind``: its database, and the schema
+    its engine translates ``schema`` into (the connection's own map is checked apart)."""
+    database, shown = database_of(bind)
+    return Place(database, translated(schema, bind.engine.get_execution_options()), shown)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

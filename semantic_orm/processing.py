@@ -220,9 +220,9 @@ class Processor:
             that hands every caller the same driver connection).
         requeued: Called with an engine where a deferred settle queued rows again (their lease
             was lost): someone should process its due jobs soon.
-        reach: Called with the engine of a pass and each column whose jobs it claims, in the
-            claim's transaction: raises if the index cannot use them through that engine (a
-            schema it did not use them in, see :mod:`semantic_orm.schemas`).
+        reach: Called with the connection of a pass's claim and each column whose jobs it
+            claims, in the claim's transaction: raises if the index cannot use them there (a
+            database or schema it did not use them in, see :mod:`semantic_orm.schemas`).
     """
 
     def __init__(
@@ -235,7 +235,7 @@ class Processor:
         gate_for: Callable[[Engine], WriteGate | None],
         blocked: Callable[[Engine], bool],
         requeued: Callable[[Engine], None] = lambda engine: None,
-        reach: Callable[[Any, Sequence[SemanticColumn]], None] = lambda engine, columns: None,
+        reach: Callable[[Any, Sequence[SemanticColumn]], None] = lambda bind, columns: None,
     ) -> None:
         self.resolve = resolve
         self.reach = reach
@@ -740,7 +740,7 @@ class _Pass:
         for table, column in dict.fromkeys((job.key.table, job.key.column) for job in claimed):
             binding = p.resolve(table, column)
             if binding is not None:
-                p.reach(self.engine, (binding.column,))
+                p.reach(conn, (binding.column,))
         if ids is not None:
             self.report.skipped = len(ids) - len(claimed)
         return claimed

@@ -103,6 +103,7 @@ from .index import SemanticIndex, index_for
 from .mapping import SemanticColumn, instance_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
+from .schemas import database_of, identified
 from .stores.base import (
     DENSE_VECTOR,
     SPARSE_VECTOR,
@@ -1268,6 +1269,7 @@ async def asemantic_search(
         )
     if not isinstance(model, type):
         return await _asearch_many(session, list(model), query, options)
+    await _identify(session, model)
     run = _Search(session, model, query, options)
     await asyncio.to_thread(run.index.bindings.check, run.binding, for_search=True)
     step = run.advance(None)
@@ -1280,6 +1282,24 @@ async def asemantic_search(
             result = (await session.scalars(step.statement, step.params)).all()
         step = run.advance(result)
     return run.hits
+
+
+async def _identify(session: Any, model: type[Any]) -> None:
+    """Have the database an async session reads ``model`` from tell what it is, through the
+    session's connection, before the search claims it: an async engine cannot be asked
+    outside the session (:func:`~semantic_orm.schemas.database_of`)."""
+    sync = getattr(session, "sync_session", None)
+    if sync is None:
+        return
+    mapper = inspect(model)
+    try:
+        bind = sync.get_bind(mapper=mapper)
+    except Exception:  # no bind: loading the rows fails on its own
+        return
+    if not identified(bind.engine):
+        await session.run_sync(
+            lambda s: database_of(s.connection(bind_arguments={"mapper": mapper}))
+        )
 
 
 class SemanticSearchMixin:

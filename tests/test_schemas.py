@@ -1,4 +1,5 @@
-"""Schema translation (``schema_translate_map``): one index per schema, and refusals.
+"""Schema translation (``schema_translate_map``) and a database per tenant: one index per
+schema or database, and refusals.
 
 A schema-per-tenant application puts each tenant's tables in its own schema through an engine
 that translates the declared one. A vector collection knows nothing of schemas, so one index
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import String, insert, select, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from semantic_orm import (
@@ -29,6 +30,7 @@ from semantic_orm import (
 )
 from semantic_orm.maintenance import reconcile
 from semantic_orm.mapping import semantic_columns
+from semantic_orm.schemas import database_of
 from semantic_orm.testing import HashEmbedder, MemoryStore
 
 from .helpers import COLL, assert_index_matches_database, expected_points
@@ -343,3 +345,166 @@ async def test_async_sessions_follow_the_same_rules(aengine: AsyncEngine, tmp_pa
         assert len(idx.store.points(COLL)) == len(got)
     finally:
         idx.uninstall(factory)
+
+
+# -- a database per tenant -------------------------------------------------------------------
+# The same hazard with a database (an engine, or a session's bind) per tenant: one index would
+# put both databases' rows in one collection. The database is told by what it says of itself,
+# so two URLs of one database are one place.
+
+
+@pytest.fixture
+def databases(db_url: URL, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[URL]]:
+    """Three URLs: two fresh databases of ``db_url``'s kind (``db_url`` and another), then a
+    second URL of the first (a symbolic link to its file; the host's name for its address)."""
+    if db_url.get_backend_name() == "sqlite":
+        other = db_url.set(database=str(tmp_path / "other.sqlite3"))
+        assert db_url.database is not None
+        link = tmp_path / "alias.sqlite3"
+        link.symlink_to(db_url.database)
+        yield [db_url, other, db_url.set(database=str(link))]
+        return
+    server = request.getfixturevalue("pg_server")
+    other = server.create_database()
+    try:
+        assert db_url.host == "127.0.0.1"
+        yield [db_url, other, db_url.set(host="localhost")]
+    finally:
+        server.drop_database(other.database)
+
+
+@pytest.fixture
+def engines(databases: list[URL]) -> Iterator[list[Engine]]:
+    """An engine on each of :func:`databases`, the tables made in the two databases."""
+    made = [sa.create_engine(url) for url in databases]
+    for engine in made[:2]:
+        Base.metadata.create_all(engine)
+    yield made
+    for engine in made:
+        engine.dispose()
+
+
+def test_one_index_refuses_a_second_database(engines: list[Engine], index: SemanticIndex) -> None:
+    first, second, _ = engines
+    factory = sessionmaker(first, expire_on_commit=False)
+    index.install(factory)
+    _write(factory, (1, RIVER), (2, "Rain on the lake. " * 3))
+    with factory(bind=second) as s:  # a session of the same factory, bound to the other
+        s.add(Article(id=1, title="a1", content=MOUNTAIN))
+        with pytest.raises(ConfigurationError, match=r"Article\.content.*database.*database"):
+            s.commit()
+    with second.connect() as conn:  # nothing committed there, and no job
+        assert conn.execute(select(Article.id)).all() == []
+    assert_index_matches_database(first, index.store)  # the first one's points untouched
+    with factory(bind=second) as s, pytest.raises(ConfigurationError, match="collection_prefix"):
+        Article.semantic_search(s, "mountain")
+    # a worker pass through the other: its jobs would sync its rows into the first one's points
+    with second.begin() as conn:
+        outbox.create_tables(conn)
+        outbox.enqueue(conn, [("article", "content", "1")])
+        conn.execute(insert(Article).values(id=1, title="a1", content=MOUNTAIN))
+    with pytest.raises(ConfigurationError, match="each database its own SemanticIndex"):
+        index.process(bind=second)
+    with second.connect() as conn:  # the job stays, unclaimed, for that database's index
+        assert [(j["row_pk"], j["claimed_by"]) for j in outbox.pending(conn)] == [("1", None)]
+    # reconcile through the other would take the first one's row 2 for gone: refused
+    with pytest.raises(ConfigurationError, match="each database its own SemanticIndex"):
+        reconcile(index, Article, bind=second, process=False)
+    assert_index_matches_database(first, index.store)
+
+
+def test_an_index_per_database_keeps_each_databases_rows_apart(
+    engines: list[Engine], store: Any
+) -> None:
+    factories, indexes = [], []
+    for n, engine in enumerate(engines[:2]):
+        made = SemanticIndex(
+            store=store, embedder=HashEmbedder(dimension=64), collection_prefix=f"d{n}_"
+        )
+        factories.append(sessionmaker(engine, expire_on_commit=False))
+        made.install(factories[-1])
+        indexes.append(made)
+    try:  # the same primary keys in both databases, with other texts
+        _write(factories[0], (1, RIVER), (2, "Rain on the lake. " * 3))
+        _write(factories[1], (1, MOUNTAIN), (2, "Wind over the ice field. " * 3))
+        for n, (query, own) in enumerate((("river delta flood", RIVER), ("mountain", MOUNTAIN))):
+            indexes[n].settle()
+            assert assert_index_matches_database(engines[n], store, collection=f"d{n}_{COLL}")
+            with factories[n]() as s:
+                hits = Article.semantic_search(s, query, limit=5)
+                assert hits and hits[0].obj.content == own
+    finally:
+        for n, made in enumerate(indexes):
+            made.uninstall(factories[n])
+
+
+def test_two_urls_of_one_database_are_one_place(
+    engines: list[Engine], index: SemanticIndex
+) -> None:
+    first, _, alias = engines
+    assert first.url != alias.url
+    factory = sessionmaker(first, expire_on_commit=False)
+    index.install(factory)
+    _write(factory, (1, RIVER))
+    with factory(bind=alias) as s:  # the same database through its other URL: allowed
+        s.add(Article(id=2, title="a2", content=MOUNTAIN))
+        s.commit()
+        assert [h.obj.id for h in Article.semantic_search(s, "mountain snow", limit=1)] == [2]
+    index.drain(factory)
+    assert_index_matches_database(first, index.store)
+
+
+@pytest.mark.asyncio
+async def test_an_async_search_is_refused_a_second_database_before_any_write(
+    databases: list[URL], engines: list[Engine], index: SemanticIndex
+) -> None:
+    sync = (
+        "sqlite+aiosqlite" if databases[0].get_backend_name() == "sqlite" else "postgresql+asyncpg"
+    )
+    made = [create_async_engine(url.set(drivername=sync)) for url in databases]
+    factory = async_sessionmaker(made[0], expire_on_commit=False)
+    index.install(factory)
+    try:
+        async with factory() as s:
+            s.add(Article(id=1, title="a1", content=RIVER))
+            await s.commit()
+        await index.adrain(factory, timeout=30)
+        # the first use of these engines: each is asked what it is through the session
+        async with factory(bind=made[2]) as s:
+            hits = await Article.asemantic_search(s, "river delta", limit=3)
+            assert [h.obj.content for h in hits] == [RIVER]
+        async with factory(bind=made[1]) as s:
+            with pytest.raises(ConfigurationError, match="each database its own SemanticIndex"):
+                await Article.asemantic_search(s, "mountain")
+    finally:
+        index.uninstall(factory)
+        for engine in made:
+            await engine.dispose()
+    assert_index_matches_database(engines[0], index.store)
+
+
+@pytest.mark.postgres
+def test_a_role_that_cannot_read_the_cluster_identifier_is_told_by_its_url(
+    postgresql_url: URL,
+) -> None:
+    admin = sa.create_engine(postgresql_url)
+    role = f"plain_{postgresql_url.database}"[:60]
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'x'"))
+        conn.execute(text("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC"))
+    plain = sa.create_engine(postgresql_url.set(username=role, password="x"))
+    try:
+        with plain.connect() as conn:
+            found, shown = database_of(conn)
+            assert conn.in_transaction() and conn.exec_driver_sql("SELECT 1").scalar() == 1
+        url = plain.url
+        assert found == ("postgresql", (url.host, url.port), url.database)
+        assert shown == f"the PostgreSQL database {url.database!r}"
+        with admin.connect() as conn:  # a superuser reads it: the cluster's own identifier
+            assert database_of(conn)[0] != found
+    finally:
+        plain.dispose()
+        with admin.begin() as conn:
+            conn.execute(text("GRANT EXECUTE ON FUNCTION pg_control_system() TO PUBLIC"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        admin.dispose()

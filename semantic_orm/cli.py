@@ -26,8 +26,10 @@ renamed columns.
 
 Errors are one line on stderr, never a traceback: exit status 2 for a usage or configuration
 error (a wrong ``module:attribute``, a missing table), 1 for a failure of the database or the
-vector store (a Qdrant Edge directory held by another process). Commands that embed nothing
-(``status``, ``requeue``, ``gc``) do not load the model.
+vector store (a Qdrant Edge directory held by another process). ``worker`` without ``--once``
+(a service) waits out a database that fails for a while (unreachable, restarting, locked): a
+line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on. Commands that
+embed nothing (``status``, ``requeue``, ``gc``) do not load the model.
 """
 
 from __future__ import annotations
@@ -42,14 +44,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import outbox
 from .evaluation import evaluate, load_gold
-from .exc import ConfigurationError, SemanticORMError
+from .exc import ConfigurationError, SemanticORMError, first_line
 from .index import SemanticIndex
 from .maintenance import ColumnStatus, gc, rebuild, reconcile, reindex, status, unmapped_jobs
+from .processing import failure_wait
 from .search import DEFAULT_MODE, SEARCH_MODES
 from .version import __version__
 from .worker import Worker
@@ -186,8 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"semantic-orm: {exc}", file=sys.stderr)
         return 1
     except SQLAlchemyError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"semantic-orm: database error: {first}", file=sys.stderr)
+        print(f"semantic-orm: database error: {first_line(exc)}", file=sys.stderr)
         return 1
 
 
@@ -195,8 +197,28 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
     worker = Worker(index, engine, batch_size=args.batch, poll_interval=args.poll)
     last = time.monotonic()
     failure: BaseException | None = None
+    failures = 0  # passes failed in a row, the database unreachable
     while True:
-        report = worker.run_once()
+        try:
+            report = worker.run_once()
+        except (OperationalError, InterfaceError) as exc:
+            if args.once:
+                raise
+            failures += 1
+            wait = failure_wait(args.poll, failures)
+            print(
+                f"semantic-orm worker: database error: {first_line(exc)}; trying again in "
+                f"{wait:.3g} s ({failures} failed in a row)",
+                file=sys.stderr,
+            )
+            time.sleep(wait)
+            continue
+        if failures:
+            print(
+                f"semantic-orm worker: the database works again after {failures} failed passes",
+                file=sys.stderr,
+            )
+            failures = 0
         if report.unknown:
             _unmapped(index, engine)
             return 2
@@ -219,18 +241,19 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
 
 def _progress(worker: Worker, engine: Engine) -> None:
     t = worker.totals
-    with engine.connect() as conn:
-        counts = outbox.counts(conn)
+    line = f"semantic-orm worker: {t.done} jobs done, {t.retried} retried, {t.dead} dead"
+    try:
+        with engine.connect() as conn:
+            counts = outbox.counts(conn)
+    except (OperationalError, InterfaceError):  # the database failing: the next pass says so
+        print(line, file=sys.stderr)
+        return
     pending = sum(c["pending"] for c in counts.values())
     oldest = [c["oldest_pending"] for c in counts.values() if c["oldest_pending"] is not None]
     lag = ""
     if oldest:
         lag = f", lag {(outbox.utcnow() - min(oldest)).total_seconds():.0f} s"
-    print(
-        f"semantic-orm worker: {t.done} jobs done, {t.retried} retried, {t.dead} dead, "
-        f"{pending} pending{lag}",
-        file=sys.stderr,
-    )
+    print(f"{line}, {pending} pending{lag}", file=sys.stderr)
 
 
 def _status(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ __all__ = [
     "SemanticValueError",
     "SyncError",
     "VectorStoreError",
+    "first_line",
     "import_optional",
     "is_transient",
 ]
@@ -121,6 +122,13 @@ class ModelCoverageWarning(UserWarning):
 
 class FilterFallbackWarning(UserWarning):
     """A search's ``where=`` ran in SQL only and read far more rows than it returned."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (a driver's error runs on with the SQL), or its
+    type's name when it has none: for one-line reports."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def is_transient(error: BaseException) -> bool:

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, cast
 
 from sqlalchemy import Connection, Engine, Table, func, inspect, select
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Mapper, Session, scoped_session, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
@@ -82,12 +83,12 @@ from . import outbox
 from .applying import Applier, Outage
 from .binding import Bindings, ColumnBinding
 from .embedding import DEFAULT_MODEL, Embedder, SentenceTransformerEmbedder
-from .exc import ConfigurationError
+from .exc import ConfigurationError, first_line
 from .forking import RenewedLock, in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .outbox import Job
-from .processing import FAILURE_WAIT_CAP, Blocked, Processor, ProcessReport, RetryPolicy
+from .processing import Blocked, Processor, ProcessReport, RetryPolicy, failure_wait
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
 from .schemas import Place, SchemaClaims, check_connection, database_of, jobs_at, translated
@@ -452,9 +453,18 @@ class SemanticIndex:
         if isinstance(bind, Engine):
             self.remember_engine(bind)
             if self.create_outbox and not bind.dialect.is_async:  # async: at first use
-                with bind.begin() as conn:
-                    self.prepare_outbox(conn)
-                self._outbox_ready.add(bind)
+                try:
+                    with bind.begin() as conn:
+                        self.prepare_outbox(conn)
+                except (OperationalError, InterfaceError) as exc:  # not reachable yet (a
+                    # service started before its database): the first transaction makes it
+                    log.warning(
+                        "semantic_orm: the outbox could not be checked at install, the "
+                        "database failing (%s); the first transaction or worker pass will",
+                        first_line(exc),
+                    )
+                else:
+                    self._outbox_ready.add(bind)
             if self.mode == "inline":
                 self._first_look(bind)
         self._tracker.install(key)
@@ -696,8 +706,9 @@ class SemanticIndex:
             # for the pool they all hold
             self._outbox_ready.add(engine)
             return
+        other = engine.connect()  # (failing to connect is the database failing: raised as is)
         try:
-            with engine.connect() as other, other.begin():
+            with other, other.begin():
                 if other.dialect.name == "postgresql":
                     other.execute(select(func.pg_advisory_xact_lock(_OUTBOX_LOCK)))
                 outbox.create_tables(other)
@@ -839,7 +850,7 @@ class SemanticIndex:
                 except Exception:
                     failures += 1
                     log.debug("semantic_orm: background retry failed", exc_info=True)
-                    wait = min(self._retry.interval * 2**failures, FAILURE_WAIT_CAP)
+                    wait = failure_wait(self._retry.interval, failures + 1)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), min(max(wait, 0.05), 60.0))
         finally:
@@ -1132,7 +1143,7 @@ class _Retrier:
             except Exception:
                 log.debug("semantic_orm: background retry failed", exc_info=True)
                 failures[engine] = failures.get(engine, 0) + 1
-                left = min(self.interval * 2 ** failures[engine], FAILURE_WAIT_CAP)
+                left = failure_wait(self.interval, failures[engine] + 1)
             if left is not None:  # wake up when the next retry is due
                 left = min(max(left, self.interval / 20), 60.0)
                 sleep = left if sleep is None else min(sleep, left)

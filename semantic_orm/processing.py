@@ -67,6 +67,7 @@ __all__ = [
     "ProcessReport",
     "Processor",
     "RetryPolicy",
+    "failure_wait",
     "read_values",
 ]
 
@@ -80,6 +81,14 @@ FAILURE_WAIT_CAP = 30.0
 """Longest wait, in seconds, between the passes of a worker or a retrier whose passes keep
 failing (the database down): the wait doubles up to it (a worker's is at least its
 ``poll_interval``)."""
+
+
+def failure_wait(interval: float, failures: int) -> float:
+    """Seconds to wait after ``failures`` (at least 1) passes failed in a row, for a loop
+    that passes every ``interval`` seconds: ``interval``, doubled for each further failure,
+    up to :data:`FAILURE_WAIT_CAP` (or ``interval``, if longer)."""
+    return min(interval * 2.0 ** min(failures - 1, 30), max(interval, FAILURE_WAIT_CAP))
+
 
 SWEEP = 60.0
 """Seconds between two looks for the leases of processes of this host that died."""

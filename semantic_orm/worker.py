@@ -38,7 +38,7 @@ import threading
 from typing import Any
 
 from .index import SemanticIndex
-from .processing import FAILURE_WAIT_CAP, ProcessReport
+from .processing import FAILURE_WAIT_CAP, ProcessReport, failure_wait
 
 __all__ = ["FAILURE_WAIT_CAP", "AsyncWorker", "Worker"]
 
@@ -74,10 +74,7 @@ class _Drainer:
         exc = sys.exc_info()[1]
         error = f"{type(exc).__name__}: {exc}"
         self.failures += 1
-        wait = min(
-            self.poll_interval * 2.0 ** min(self.failures - 1, 30),
-            max(self.poll_interval, FAILURE_WAIT_CAP),
-        )
+        wait = failure_wait(self.poll_interval, self.failures)
         if error != self._last_error:  # a new failure: in full
             log.exception("semantic_orm worker: processing failed; trying again in %.3g s", wait)
         elif self.failures & (self.failures - 1) == 0:  # the same: at 2, 4, 8, ... in a row

@@ -254,3 +254,86 @@ def test_a_second_process_on_an_edge_directory_gets_one_clear_error(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_path: Path) -> None:
+    """``worker`` without ``--once`` outlives a database that refuses it for a while (here the
+    outbox locked past the driver's lock timeout): a line per failed pass, then the jobs done
+    once it works again. ``--once`` still stops at the first failure, with status 1."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import time
+
+    from sqlalchemy import insert
+
+    from semantic_orm import EdgeStore, outbox
+
+    from .helpers import assert_index_matches_database, pending
+
+    url = tables.url
+    sqlite = url.get_backend_name() == "sqlite"
+    timeout = {"timeout": "0.2"} if sqlite else {"options": "-c lock_timeout=200"}
+    vectors = tmp_path / "worker-vectors"
+    env = {
+        **os.environ,
+        "SEMANTIC_ORM_TEST_DB": url.update_query_dict(timeout).render_as_string(False),
+        "SEMANTIC_ORM_TEST_VECTORS": str(vectors),
+    }
+    with tables.begin() as conn:
+        outbox.create_tables(conn)
+        rows = [{"id": i, "title": f"t{i}", "content": doc_text(i)} for i in range(3)]
+        conn.execute(insert(Article), rows)
+        outbox.enqueue(conn, [("article", "content", str(i)) for i in range(3)])
+    command = [sys.executable, "-m", "semantic_orm.cli", "worker", "tests.cli_app:index"]
+    root = Path(__file__).resolve().parents[1]
+    if sqlite:
+        assert url.database is not None
+        locker: Any = sqlite3.connect(url.database, isolation_level=None)
+        locker.execute("BEGIN EXCLUSIVE")
+    else:
+        locker = tables.connect()
+        locker.begin()
+        locker.exec_driver_sql(f"LOCK TABLE {outbox.OUTBOX_TABLE} IN ACCESS EXCLUSIVE MODE")
+    try:
+        once = subprocess.run(
+            [*command, "--once"], env=env, cwd=root, capture_output=True, text=True, timeout=120
+        )
+        assert once.returncode == 1, once.stderr
+        assert "semantic-orm: database error:" in once.stderr and "Traceback" not in once.stderr
+        service = subprocess.Popen(
+            [*command, "--poll", "0.05", "--interval", "0.1"],
+            env=env,
+            cwd=root,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert service.stderr is not None
+        # the import installs the index (the outbox left for later, with a warning), then
+        # two passes fail, each waiting longer; the service goes on
+        lines = [service.stderr.readline() for _ in range(3)]
+        assert "the outbox could not be checked at install" in lines[0], lines
+        assert all("semantic-orm worker: database error:" in line for line in lines[1:]), lines
+        assert "(1 failed in a row)" in lines[1] and "(2 failed in a row)" in lines[2]
+        assert service.poll() is None
+    finally:
+        locker.rollback()
+        locker.close()
+    try:
+        deadline = time.monotonic() + 60
+        while pending(tables) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        service.send_signal(signal.SIGINT)
+        _, err = service.communicate(timeout=60)
+    finally:
+        service.kill()
+    assert service.returncode == 130, err
+    assert "the database works again after" in err and "3 jobs done" in err, err
+    assert "Traceback" not in err
+    assert pending(tables) == []
+    store = EdgeStore(vectors)
+    try:
+        assert assert_index_matches_database(tables, store) > 0
+    finally:
+        store.close()

@@ -508,3 +508,38 @@ def test_inline_mode_retries_by_itself(installed: Any) -> None:
         time.sleep(0.05)
     assert settled(engine) == []  # no worker, no drain, no later commit
     assert idx.store.count(COLL) == 1
+
+
+def test_install_outlives_a_database_not_reachable_yet(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service may start (and install at import) before its database answers: the install
+    says so and leaves the outbox to the first transaction, whose row reaches the index."""
+    Base.metadata.create_all(engine)
+    engine.dispose()  # (the server restarting: the pool's connections gone with it)
+    down = [True]
+    dbapi = engine.dialect.loaded_dbapi
+
+    @sa.event.listens_for(engine, "do_connect")
+    def refuse(*args: Any) -> None:
+        if down[0]:
+            raise dbapi.OperationalError("connection refused: the server is starting")
+
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(dimension=64))
+    factory = sessionmaker(engine, expire_on_commit=False)
+    with caplog.at_level("WARNING", logger="semantic_orm"):
+        idx.install(factory)  # does not raise
+    assert "the outbox could not be checked at install" in caplog.text
+    assert "the server is starting" in caplog.text and "Traceback" not in caplog.text
+    down[0] = False
+    assert not sa.inspect(engine).has_table(outbox.OUTBOX_TABLE)  # left for later
+    try:
+        with factory() as s:
+            s.add(Article(id=1, title="t", content=LONG))
+            s.commit()
+        idx.drain(engine, timeout=10)
+        assert settled(engine) == []
+        assert assert_index_matches_database(engine, idx.store) > 0
+    finally:
+        idx.uninstall(factory)
+        idx.close()

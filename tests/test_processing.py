@@ -134,7 +134,6 @@ def test_a_failing_worker_backs_off_and_logs_sparingly(
     """Passes that fail as a whole (the database is down) are tried again after a doubling wait
     (capped); the first failure is logged with its traceback, the same one again at 2, 4, 8 ...
     in a row, another one in full, the recovery once."""
-    from semantic_orm import worker as worker_module
 
     idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
     errors: list[Exception] = [
@@ -148,7 +147,7 @@ def test_a_failing_worker_backs_off_and_logs_sparingly(
         return processing.ProcessReport()
 
     monkeypatch.setattr(idx, "process", process)
-    monkeypatch.setattr(worker_module, "FAILURE_WAIT_CAP", 0.016)
+    monkeypatch.setattr(processing, "FAILURE_WAIT_CAP", 0.016)  # (failure_wait reads it)
     worker = Worker(idx, None, poll_interval=0.001)
     waits: list[float] = []
     monkeypatch.setattr(worker._stop, "wait", lambda seconds: waits.append(seconds))

@@ -103,6 +103,9 @@ DEFAULT_PATH_ENV = "SEMANTIC_ORM_PATH"
 
 _installed: weakref.WeakKeyDictionary[Any, SemanticIndex] = weakref.WeakKeyDictionary()
 _installed_lock = RenewedLock()
+_open: weakref.WeakSet[SemanticIndex] = weakref.WeakSet()
+"""The indexes not closed yet (one dropped unclosed goes with the collector): the last of those
+sharing a store closes it."""
 _OUTBOX_LOCK = 0x5E3A_0B0C  # PostgreSQL advisory lock serializing the outbox's creation
 INLINE_HOLD = 30.0
 """Seconds an inline commit's jobs that are not born leased to it (other databases, a
@@ -339,6 +342,8 @@ class SemanticIndex:
 
             store = EdgeStore(Path(os.environ.get(DEFAULT_PATH_ENV, ".semantic_orm")))
         self.store: Store = store
+        with _installed_lock:
+            _open.add(self)
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder(DEFAULT_MODEL)
         self._embedders: dict[str, Embedder] = dict(embedders or {})
         self.collection_prefix = collection_prefix
@@ -995,10 +1000,15 @@ class SemanticIndex:
 
     def close(self) -> None:
         """Delete the finished jobs of inline commits, stop background retries and close the
-        vector store."""
+        vector store, unless another open index uses it (an index per tenant on one shared
+        store: the last one's close closes it)."""
         self.processor.later.close()
         self._retry.stop()
-        self.store.close()
+        with _installed_lock:
+            _open.discard(self)
+            shared = any(other.store is self.store for other in _open)
+        if not shared:
+            self.store.close()
 
 
 def _place(bind: Engine | Connection, schema: str | None) -> Place:

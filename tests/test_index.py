@@ -21,6 +21,7 @@ from sqlalchemy.pool import StaticPool
 
 from semantic_orm import (
     ConfigurationError,
+    EdgeStore,
     SemanticIndex,
     SemanticTypeError,
     outbox,
@@ -543,3 +544,31 @@ def test_install_outlives_a_database_not_reachable_yet(
     finally:
         idx.uninstall(factory)
         idx.close()
+
+
+def test_closing_one_index_of_a_shared_store_leaves_it_to_the_others(
+    engine: Engine, store: Any
+) -> None:
+    """An index per tenant on one store (the README's layout): a tenant's index closed (evicted,
+    say) does not close the store under the others; the last one's close does."""
+    Base.metadata.create_all(engine)
+    embedder = HashEmbedder(dimension=64)
+    evicted = SemanticIndex(store=store, embedder=embedder, collection_prefix="evicted__")
+    kept = SemanticIndex(store=store, embedder=embedder, collection_prefix="kept__")
+    factory = sessionmaker(engine, expire_on_commit=False)
+    kept.install(factory)
+    try:
+        evicted.verify()
+        evicted.close()
+        with factory() as s:  # the store still works for the other index
+            s.add(Article(id=1, title="t", content=LONG))
+            s.commit()
+            kept.drain(engine, timeout=10)
+            assert [h.obj.id for h in Article.semantic_search(s, "topic number 7")] == [1]
+        assert assert_index_matches_database(engine, store, collection=f"kept__{COLL}") > 0
+    finally:
+        kept.uninstall(factory)
+        kept.close()
+    if isinstance(store, EdgeStore):  # the last one closed it
+        with pytest.raises(VectorStoreError, match="is closed"):
+            store.index_state(f"kept__{COLL}")

@@ -135,13 +135,14 @@ def _unreachable(error: BaseException) -> bool:
 class Outage:
     """Whether the store is reachable, as the latest attempts found it.
 
-    After a write failed as unreachable, an inline sync is refused (it fails at once with
-    that error, its jobs left to retry) for ``first`` seconds, doubling with each failed
-    attempt up to ``cap``, and while any other attempt is on its way; past that an inline sync
-    tries again itself. Any attempt that reaches the store ends the outage.
+    After a write or a search failed as unreachable, an inline sync or a search is refused
+    (it fails at once with that error, a sync's jobs left to retry) for ``first`` seconds,
+    doubling with each failed attempt up to ``cap``, and while any other attempt is on its way;
+    past that an inline sync or a search tries again itself. Any attempt that reaches the store
+    ends the outage.
 
     Args:
-        first: Seconds inline syncs skip the store after the first failure.
+        first: Seconds inline syncs and searches skip the store after the first failure.
         cap: Longest such wait, in seconds.
     """
 
@@ -156,9 +157,12 @@ class Outage:
         self._trying = 0  # attempts on their way
         self._lock = RenewedLock()
 
-    def admit(self, inline: bool) -> VectorStoreError | None:
-        """Start an attempt; for an inline sync during an outage, the error to fail it with
-        instead (no attempt started). Each started attempt ends with :meth:`record`."""
+    def admit(
+        self, inline: bool, then: str = "the rows sync once it answers"
+    ) -> VectorStoreError | None:
+        """Start an attempt; for an inline sync (or a search) during an outage, the error to
+        fail it with instead (no attempt started), ending with ``then``. Each started attempt
+        ends with :meth:`record` or :meth:`ended`."""
         with self._lock:
             if (
                 inline
@@ -168,14 +172,19 @@ class Outage:
                 since = time.strftime("%H:%M:%S", time.localtime(self.since))
                 return VectorStoreError(
                     f"not tried: the vector store (or the embedder) has been unreachable since "
-                    f"{since} (latest error: {self.error}); the rows sync once it answers"
+                    f"{since} (latest error: {self.error}); {then}"
                 )
             self._trying += 1
             return None
 
     def record(self, report: ApplyReport) -> None:
         """End an attempt that :meth:`admit` started, with what it found."""
-        down = next((exc for _, exc in report.failed if _unreachable(exc)), None)
+        self.ended(next((exc for _, exc in report.failed if _unreachable(exc)), None))
+
+    def ended(self, error: BaseException | None) -> None:
+        """End an attempt that :meth:`admit` started: ``error`` is what it failed with
+        (``None``, or an error that does not say the store is unreachable: it reached it)."""
+        down = error if error is not None and _unreachable(error) else None
         with self._lock:
             self._trying -= 1
             if down is not None:
@@ -183,7 +192,8 @@ class Outage:
                     self.since, self._wait = time.time(), self.first
                     log.warning(
                         "semantic_orm: the vector store is unreachable (%s): commits leave their "
-                        "rows to the background retrier until it answers again",
+                        "rows to the background retrier, and searches fail fast, until it "
+                        "answers again",
                         down,
                     )
                 else:

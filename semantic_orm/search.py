@@ -149,6 +149,7 @@ SCAN_WARNING_ROWS = 1_000
 log = logging.getLogger("semantic_orm")
 
 T = TypeVar("T")
+R = TypeVar("R")
 AnySession = Session | scoped_session[Any]
 """What a synchronous search loads rows with: a ``Session``, or a ``scoped_session`` (such as
 Flask-SQLAlchemy's ``db.session``)."""
@@ -1160,13 +1161,13 @@ def semantic_search(
     if not isinstance(model, type):
         return _search_many(session, list(model), query, options)
     run = _Search(session, model, query, options)
-    run.index.bindings.check(run.binding, for_search=True)  # refuses another model's vectors
+    _guarded(run.index, _check, run)  # refuses another model's vectors
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
             result: Any = encode_queries(step.binding.embedder, [step.text])[0]
         elif isinstance(step, _Query):
-            result = run.index.store.query(step.collection, step.request)
+            result = _guarded(run.index, run.index.store.query, step.collection, step.request)
         else:
             result = session.scalars(step.statement, step.params).all()
         step = run.advance(result)
@@ -1271,17 +1272,44 @@ async def asemantic_search(
         return await _asearch_many(session, list(model), query, options)
     await _identify(session, model)
     run = _Search(session, model, query, options)
-    await asyncio.to_thread(run.index.bindings.check, run.binding, for_search=True)
+    await asyncio.to_thread(_guarded, run.index, _check, run)
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
             result: Any = await _batcher(step.binding.embedder).embed(step.text)
         elif isinstance(step, _Query):
-            result = await asyncio.to_thread(run.index.store.query, step.collection, step.request)
+            store = run.index.store
+            result = await asyncio.to_thread(
+                _guarded, run.index, store.query, step.collection, step.request
+            )
         else:
             result = (await session.scalars(step.statement, step.params)).all()
         step = run.advance(result)
     return run.hits
+
+
+def _check(run: _Search) -> None:
+    """Check the searched column's collection (it refuses another model's vectors)."""
+    run.index.bindings.check(run.binding, for_search=True)
+
+
+def _guarded(index: SemanticIndex, call: Callable[..., R], *args: Any) -> R:
+    """Call the store for a search (``call(*args)``: its query, or the collection's check),
+    failing at once while the store is known to be unreachable
+    (:class:`~semantic_orm.applying.Outage`, shared with the index's syncs): while it is down,
+    searches fail fast, and one in a while tries it again."""
+    outage = index.applier.outage
+    refused = outage.admit(True, "search again once it answers")
+    if refused is not None:
+        raise refused
+    error: BaseException | None = None
+    try:
+        return call(*args)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        outage.ended(error)
 
 
 async def _identify(session: Any, model: type[Any]) -> None:

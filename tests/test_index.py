@@ -6,6 +6,7 @@ SQLite (files and memory) and PostgreSQL, both store adapters, the fake embedder
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -29,6 +31,7 @@ from semantic_orm import (
 )
 from semantic_orm.applying import ApplyReport, Outage
 from semantic_orm.exc import VectorStoreError
+from semantic_orm.search import asemantic_search
 from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
 
 from .helpers import (
@@ -302,6 +305,66 @@ def test_commits_do_not_wait_on_a_store_found_unreachable(engine: Any, store: An
         assert len(points_of(idx, late.id)) == 1
     finally:
         idx.uninstall(factory)
+
+
+def test_searches_fail_fast_while_the_store_is_down(engine: Any, store: Any) -> None:
+    """A search that finds the store unreachable starts an outage (shared with the commits'
+    syncs): searches meanwhile fail at once, without calling it (each would wait for the
+    store's timeout), sync and async alike; past the window one tries it again, and the first
+    that gets through ends the outage."""
+    Base.metadata.create_all(engine)
+    counting = CountingStore(store)
+    idx = SemanticIndex(store=counting, embedder=HashEmbedder(), retry_base=0.3)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)
+    try:
+        with factory() as s:
+            s.add(Article(id=1, title="t", content="the store answers for now"))
+            s.commit()
+            assert [h.obj.id for h in Article.semantic_search(s, "store answers")] == [1]
+            counting.down = True
+            before = counting.calls
+            with pytest.raises(VectorStoreError, match="FlakyStore is down"):
+                Article.semantic_search(s, "store answers")
+            assert counting.calls == before + 1  # it tried, and found it down
+            for _ in range(3):
+                with pytest.raises(VectorStoreError, match="search again once it answers"):
+                    Article.semantic_search(s, "store answers")
+            asyncio.run(_async_search_fails_fast(engine, idx))
+            s.add(Article(id=2, title="t", content="a commit during the outage"))
+            s.commit()  # its sync fails at once too, the row left to the retrier
+            assert counting.calls == before + 1
+            time.sleep(0.35)  # past the window: a search tries the store again
+            with pytest.raises(VectorStoreError, match="FlakyStore is down"):
+                Article.semantic_search(s, "store answers")
+            assert counting.calls == before + 2
+            counting.down = False
+            deadline = time.monotonic() + 10
+            while True:  # (the window doubled: refused until it passes)
+                try:
+                    hits = Article.semantic_search(s, "store answers")
+                    break
+                except VectorStoreError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            assert hits[0].obj.id == 1
+            assert idx.applier.outage.since is None  # over
+        idx.drain(engine, timeout=30)
+        assert_index_matches_database(engine, counting)
+    finally:
+        idx.uninstall(factory)
+
+
+async def _async_search_fails_fast(engine: Engine, idx: SemanticIndex) -> None:
+    sqlite = engine.dialect.name == "sqlite"
+    driver = "sqlite+aiosqlite" if sqlite else "postgresql+asyncpg"
+    aengine = create_async_engine(engine.url.set(drivername=driver))
+    try:
+        async with AsyncSession(aengine) as s:
+            with pytest.raises(VectorStoreError, match="search again once it answers"):
+                await asemantic_search(s, Article, "store answers", index=idx)
+    finally:
+        await aengine.dispose()
 
 
 def test_an_outage_refuses_inline_syncs_for_a_doubling_while() -> None:

@@ -88,7 +88,15 @@ from .forking import RenewedLock, in_forked_child
 from .gate import WriteGate
 from .mapping import SemanticColumn, all_mappers, semantic_columns, table_name
 from .outbox import Job
-from .processing import Blocked, Processor, ProcessReport, RetryPolicy, failure_wait
+from .processing import (
+    Blocked,
+    Processor,
+    ProcessReport,
+    RetryPolicy,
+    async_engine,
+    failure_wait,
+    running_loop,
+)
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
 from .schemas import Place, SchemaClaims, check_connection, database_of, jobs_at, translated
@@ -741,7 +749,7 @@ class SemanticIndex:
         self.remember_engine(engine)
         if self.mode != "inline":
             return
-        loop = _running_loop()
+        loop = running_loop()
         if engine.dialect.is_async and loop is not None:
             self._track(loop.create_task(self._async_commit(engine, staged)))
         elif loop is not None:
@@ -782,23 +790,29 @@ class SemanticIndex:
             self._looked.add(engine)
             self._retry.poke(engine)
         else:
-            loop = _running_loop()  # (an async engine's first look needs its event loop)
+            loop = running_loop()  # (an async engine's first look needs its event loop)
             if loop is not None:
                 self._looked.add(engine)
                 self._awake(engine, loop)
 
     def _requeued(self, engine: Engine) -> None:
-        """A deferred settle queued rows again: have the retrier process them."""
-        self._retry.poke(engine)
+        """A deferred settle queued rows again: have the retrier process them (an async
+        driver's: the retrier on the loop that settled them)."""
+        loop = running_loop()
+        if engine.dialect.is_async and loop is not None:
+            self._awake(engine, loop)
+        else:
+            self._retry.poke(engine)
 
     async def _async_commit(self, engine: Engine, staged: Staged) -> None:
         aengine = self.async_engine(engine)
         reports: list[ProcessReport] = []
         try:
             held = [job for job in staged.born if self._holds(job)]
-            if held:
+            if held:  # deleted a moment later (see settle()), on this loop
+                defer = not _shared_pool(engine)
                 born = await self.processor.aprocess(
-                    aengine, claimed=held, written=staged.known(), inline=True
+                    aengine, claimed=held, defer=defer, written=staged.known(), inline=True
                 )
                 reports.append(born)
             rest = _unborn(staged, held)
@@ -870,11 +884,7 @@ class SemanticIndex:
     def async_engine(self, engine: Any) -> Any:
         """The ``AsyncEngine`` of ``engine`` (one of an async driver): the application's if it
         is alive (SQLAlchemy keeps a weak reference from one to the other), else a new one."""
-        from sqlalchemy.ext.asyncio import AsyncEngine
-
-        if isinstance(engine, AsyncEngine):
-            return engine
-        return AsyncEngine._retrieve_proxy_for_target(engine)
+        return async_engine(engine)
 
     def settle(self, bind: Any = None) -> None:
         """Delete the finished jobs of this process's inline commits now (``bind``'s, or all).
@@ -987,6 +997,7 @@ class SemanticIndex:
             expired = deadline is not None and time.monotonic() > deadline
             if report.claimed and not expired:
                 continue
+            await self.processor.later.aflush(aengine.sync_engine)  # (as drain() settles)
             async with aengine.connect() as conn:
                 due = await conn.run_sync(_next_due)
                 if due is None:
@@ -1016,13 +1027,6 @@ def _place(bind: Engine | Connection, schema: str | None) -> Place:
     its engine translates ``schema`` into (the connection's own map is checked apart)."""
     database, shown = database_of(bind)
     return Place(database, translated(schema, bind.engine.get_execution_options()), shown)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _unborn(staged: Staged, held: Sequence[Job]) -> list[int]:

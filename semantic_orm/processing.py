@@ -21,8 +21,8 @@ A :class:`Processor` pass over one database:
 An inline commit's jobs that all succeeded may be settled later instead (``defer=True``, see
 :class:`DeferredSettle`): on SQLite the next commit on the same database deletes them in its
 own transaction (no transaction of their own), else (and elsewhere) a timer does a moment
-later, in one transaction for all the commits meanwhile. Until then they
-stay leased to this processor, so no one else syncs those rows again; if the process dies
+later, in one transaction for all the commits meanwhile (for an async driver's engine, in a
+task on the event loop its commits synced on). Until then they stay leased to this processor, so no one else syncs those rows again; if the process dies
 first, the leases expire and a later pass syncs the rows once more (it finds them up to date).
 
 No transaction stays open while the model embeds. On SQLite each short write takes the
@@ -67,8 +67,10 @@ __all__ = [
     "ProcessReport",
     "Processor",
     "RetryPolicy",
+    "async_engine",
     "failure_wait",
     "read_values",
+    "running_loop",
 ]
 
 log = logging.getLogger("semantic_orm")
@@ -363,11 +365,13 @@ class Processor:
         limit: int = 256,
         ids: Sequence[int] | None = None,
         claimed: Sequence[Job] | None = None,
+        defer: bool = False,
         written: Mapping[JobKey, str | None] | None = None,
         inline: bool = False,
     ) -> ProcessReport:
         """:meth:`process` for an ``AsyncEngine``: SQL on the event loop (awaited), the
-        embedding and the store calls in a worker thread; the loop is never blocked."""
+        embedding and the store calls in a worker thread; the loop is never blocked. Deferred
+        settles run on this loop too."""
         run = _Pass(self, engine)
         sync_engine = engine.sync_engine
         try:
@@ -399,6 +403,10 @@ class Processor:
                     await conn.run_sync(run.read)
             if claimed:
                 await asyncio.to_thread(run.apply, inline)
+                if defer and not run.failed:
+                    run.report.done = len(run.jobs)
+                    self.later.add(sync_engine, run.jobs, asyncio.get_running_loop())
+                    return run.report
                 with self._settling(sync_engine, [run]):
                     async with self.awriting(engine) as conn:
                         await conn.run_sync(run.settle)
@@ -487,11 +495,22 @@ class DeferredSettle:
         self._timer: threading.Timer | None = None
         self._closed = False
         self._failing: weakref.WeakSet[Engine] = weakref.WeakSet()  # warned, not settled since
+        # an async driver's engine: the event loop its commits synced on, which settles them
+        self._loops: weakref.WeakKeyDictionary[Engine, asyncio.AbstractEventLoop] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
         _deferred.add(self)
 
-    def add(self, engine: Engine, jobs: Sequence[Job]) -> None:
+    def add(
+        self, engine: Engine, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         """Keep ``engine``'s finished ``jobs`` for a later settle (settled at once once
-        :meth:`close` was called)."""
+        :meth:`close` was called); ``loop``: the event loop of an async driver's engine, where
+        its settles run."""
+        if loop is not None:
+            with self._lock:
+                self._loops[engine] = loop
         if self._keep(engine, jobs):
             self.flush(engine)
 
@@ -533,6 +552,8 @@ class DeferredSettle:
         self._jobs = weakref.WeakKeyDictionary()
         self._since = weakref.WeakKeyDictionary()
         self._settling = weakref.WeakKeyDictionary()
+        self._loops = weakref.WeakKeyDictionary()
+        self._tasks = set()
         self._timer = None
 
     def waiting(self, engine: Engine) -> list[Job]:
@@ -597,6 +618,9 @@ class DeferredSettle:
             jobs = self.take(each, settling=True)
             if not jobs:
                 continue
+            if each.dialect.is_async:  # on its event loop
+                self._on_loop(each, jobs)
+                continue
             try:
                 with self.processor.writing(each) as conn:
                     lost = _settle_done(conn, jobs, self.processor.token)
@@ -618,6 +642,52 @@ class DeferredSettle:
                 self._timer = None
         if timer is not None:
             timer.cancel()
+
+    def _on_loop(self, engine: Engine, jobs: list[Job]) -> None:
+        """Settle an async driver's ``jobs`` (taken, settling) in a task on the event loop its
+        commits synced on; if that loop is gone, they are left to their leases (their rows are
+        synced again when the leases end)."""
+        loop = self._loops.get(engine)
+        try:
+            if loop is None:
+                raise RuntimeError("no event loop")
+            if running_loop() is loop:
+                self._spawn(engine, jobs)
+            else:
+                loop.call_soon_threadsafe(self._spawn, engine, jobs)
+        except RuntimeError:  # the loop is closed
+            log.debug("semantic_orm: finished jobs left to their leases (event loop closed)")
+            self._settled(engine, jobs)
+
+    def _spawn(self, engine: Engine, jobs: list[Job]) -> None:
+        task = asyncio.get_running_loop().create_task(self._asettle(engine, jobs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aflush(self, engine: Engine) -> None:
+        """:meth:`flush` of an async driver's ``engine``, awaited on the running loop (for
+        ``adrain``)."""
+        await self._asettle(engine, self.take(engine, settling=True))
+
+    async def _asettle(self, engine: Engine, jobs: list[Job]) -> None:
+        """Delete ``jobs`` (taken, settling) in one transaction on ``engine``'s event loop;
+        as :meth:`flush` does, never raises."""
+        if not jobs:
+            return
+        try:
+            async with self.processor.awriting(async_engine(engine)) as conn:
+                lost = await conn.run_sync(_settle_done, jobs, self.processor.token)
+        except Blocked:
+            self._keep(engine, jobs)
+            return
+        except Exception as exc:
+            self._failed(engine, jobs, exc)
+            return
+        finally:
+            self._settled(engine, jobs)
+        self._failing.discard(engine)
+        if lost:
+            self.requeued(engine)
 
     def _failed(self, engine: Engine, jobs: list[Job], exc: Exception) -> None:
         """Keep the jobs a settle could not delete, for another try in :data:`SETTLE_RETRY`
@@ -661,6 +731,24 @@ class DeferredSettle:
         if timer is not None:
             timer.cancel()
         self.flush()
+
+
+def async_engine(engine: Any) -> Any:
+    """The ``AsyncEngine`` of ``engine`` (one of an async driver): the application's if it is
+    alive (SQLAlchemy keeps a weak reference from one to the other), else a new one."""
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    if isinstance(engine, AsyncEngine):
+        return engine
+    return AsyncEngine._retrieve_proxy_for_target(engine)
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _settle_done(conn: Connection, jobs: Sequence[Job], token: str) -> list[JobKey]:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import create_engine, delete, func, select
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -24,7 +25,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
 )
 
-from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search, outbox
+from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search, outbox, processing
 from semantic_orm.testing import FlakyStore, HashEmbedder
 
 from .helpers import COLL, assert_index_matches_database, points_of, reads_of, settle_fails_once
@@ -136,7 +137,6 @@ async def test_an_async_commit_syncs_the_text_it_wrote_without_reading_it_back(
 async def test_an_async_worker_tries_a_failed_pass_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass that fails as a whole (the database is down) is tried again after a doubling
     wait, also when the worker is to stop once idle: a failure says nothing of what is due."""
-    from semantic_orm import processing
     from semantic_orm.testing import MemoryStore
 
     idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
@@ -289,17 +289,58 @@ async def test_the_async_retrier_wakes_for_a_commit_that_leaves_it_a_row(
         assert time.monotonic() - started < 5 and await _outbox_rows(aengine) == 0
 
 
-async def test_an_async_sync_whose_settle_failed_is_settled_soon(
+async def test_an_async_pass_whose_settle_failed_is_settled_by_the_next(
     aengine: AsyncEngine, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An AsyncSession's sync whose settle the database refused (SQLite "database is locked"
-    under load) is settled by the retrier at once, not left leased to this process for the
-    lease (300 s: adrain() timed out, later writes of the row waited behind it)."""
-    tries = settle_fails_once(monkeypatch)
-    async with _installed(aengine, store) as (idx, factory):
+    """An async pass whose settle the database refused (SQLite "database is locked" under
+    load) leaves its jobs to the next pass, which settles them first, not leased to this
+    process for the lease (300 s: adrain() timed out, later writes of the row waited)."""
+    async with _installed(aengine, store, mode="deferred") as (idx, factory):
         await _add(factory, 1, "a row about rivers")
-        assert await _soon(lambda: _no_jobs(aengine))  # by the retrier: no adrain
-        assert tries == [1, 1] and points_of(idx, 1)
+        tries = settle_fails_once(monkeypatch)
+        with pytest.raises(sa.exc.OperationalError, match="locked"):
+            await idx.aprocess(factory)
+        assert await _outbox_rows(aengine) == 1 and points_of(idx, 1)  # synced, not settled
+        started = time.monotonic()
+        report = await idx.adrain(factory, timeout=30)
+        assert tries == [1, 1] and report.claimed == 0 and await _no_jobs(aengine)
+        assert time.monotonic() - started < 5
+
+
+async def test_async_commits_settle_their_jobs_together(
+    aengine: AsyncEngine, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AsyncSession's commit leaves its finished jobs to be deleted later, with others (on
+    SQLite by the next commit's own transaction, else by one transaction on the loop a moment
+    later), not in a write transaction of its own each (on SQLite each was one more writer for
+    the application's to wait for: "database is locked" under load). One that fails is tried
+    again; nothing waits for adrain()."""
+    commits = [0]
+    sa.event.listen(
+        aengine.sync_engine, "commit", lambda conn: commits.__setitem__(0, commits[0] + 1)
+    )
+    tries = settle_fails_once(monkeypatch)  # (the passes' own settle: a commit does not use it)
+    async with _installed(aengine, store) as (idx, factory):
+        await _add(factory, 99, "warm")  # (the outbox made, the database looked at)
+        assert await _soon(lambda: _no_jobs(aengine))
+        commits[0] = 0
+        await asyncio.gather(*(_add(factory, pk, f"row {pk} about rivers") for pk in range(8)))
+        assert await _soon(lambda: _no_jobs(aengine), timeout=10)  # by the loop: no adrain
+        assert commits[0] <= 8 + 2, commits  # (each settled in a transaction: 16)
+        assert tries == [] and all(points_of(idx, pk) for pk in range(8))
+        original = processing._settle_done
+        failed: list[int] = []
+
+        def refused(conn: Any, jobs: Any, token: str) -> Any:
+            failed.append(len(jobs))
+            if len(failed) == 1:
+                raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
+            return original(conn, jobs, token)
+
+        monkeypatch.setattr(processing, "_settle_done", refused)
+        await _add(factory, 100, "a row about lakes")
+        assert await _soon(lambda: _no_jobs(aengine), timeout=15)  # tried again in 5 s
+        assert failed[0] >= 1 and points_of(idx, 100)
 
 
 async def test_jobs_an_earlier_run_left_are_synced_at_the_first_async_transaction(

@@ -22,8 +22,9 @@ An inline commit's jobs that all succeeded may be settled later instead (``defer
 :class:`DeferredSettle`): on SQLite the next commit on the same database deletes them in its
 own transaction (no transaction of their own), else (and elsewhere) a timer does a moment
 later, in one transaction for all the commits meanwhile (for an async driver's engine, in a
-task on the event loop its commits synced on). Until then they stay leased to this processor, so no one else syncs those rows again; if the process dies
-first, the leases expire and a later pass syncs the rows once more (it finds them up to date).
+task on the event loop its commits synced on). Until then they stay leased to this processor,
+so no one else syncs those rows again; if the process dies first, the leases expire and a later
+pass syncs the rows once more (it finds them up to date).
 
 No transaction stays open while the model embeds. On SQLite each short write takes the
 :class:`~semantic_orm.gate.WriteGate` of its engine, waiting for the application's open

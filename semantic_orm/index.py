@@ -897,6 +897,13 @@ class SemanticIndex:
         """
         self.processor.later.flush(None if bind is None else self.engine_for(bind))
 
+    async def asettle(self, bind: Any = None) -> None:
+        """:meth:`settle` for an ``AsyncEngine`` (``bind``: one, or an async_sessionmaker
+        bound to one), awaited on the running loop (:meth:`settle` only starts it there):
+        :meth:`adrain` and :meth:`AsyncWorker.stop <semantic_orm.worker.AsyncWorker.stop>` do
+        it, so that an application's shutdown leaves no finished job leased."""
+        await self.processor.later.aflush(self.engine_for(bind))
+
     def process(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
         """Process one batch of due jobs; returns what happened."""
         engine = self.engine_for(bind)
@@ -997,7 +1004,7 @@ class SemanticIndex:
             expired = deadline is not None and time.monotonic() > deadline
             if report.claimed and not expired:
                 continue
-            await self.processor.later.aflush(aengine.sync_engine)  # (as drain() settles)
+            await self.asettle(aengine)  # (as drain() settles)
             async with aengine.connect() as conn:
                 due = await conn.run_sync(_next_due)
                 if due is None:

@@ -208,8 +208,11 @@ class AsyncWorker(_Drainer):
         return self._task
 
     async def stop(self) -> None:
-        """Stop after the current batch, and wait for it."""
+        """Stop after the current batch, and wait for it; then delete the finished jobs of the
+        application's commits that wait to be (:meth:`SemanticIndex.asettle
+        <semantic_orm.index.SemanticIndex.asettle>`: a shutdown leaves none leased)."""
         self._stop.set()
         if self._task is not None:
             await self._task
             self._task = None
+        await self.index.asettle(self.bind)

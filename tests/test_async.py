@@ -392,3 +392,21 @@ async def test_an_idle_query_batcher_holds_neither_its_loop_nor_its_embedder(
             hits = await asemantic_search(s, Article, "rivers", limit=1)
         assert [h.obj.id for h in hits] == [1]
         assert asyncio.get_running_loop() not in search._batchers
+
+
+async def test_stopping_the_async_worker_settles_what_commits_left_waiting(
+    aengine: AsyncEngine, store: Any
+) -> None:
+    """A lifespan's shutdown (``await worker.stop()``) deletes the finished jobs of the last
+    commits at once: none is left leased to a process that is going away (the next one would
+    sync those rows again once the leases end)."""
+    async with _installed(aengine, store) as (idx, factory):
+        worker = AsyncWorker(idx, aengine, poll_interval=0.05)
+        worker.start()
+        await _add(factory, 1, "a row about rivers")
+        assert await _soon(lambda: idx.processor.later.waiting(aengine.sync_engine), 5)
+        waiting = idx.processor.later.waiting(aengine.sync_engine)  # synced, still leased
+        assert [job.key.pk for job in waiting] == ["1"] and await _outbox_rows(aengine) == 1
+        await worker.stop()  # at once, not a quarter of a second later
+        assert await _no_jobs(aengine) and points_of(idx, 1)
+        assert idx.processor.later.waiting(aengine.sync_engine) == []

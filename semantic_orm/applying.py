@@ -135,14 +135,17 @@ def _unreachable(error: BaseException) -> bool:
 class Outage:
     """Whether the store is reachable, as the latest attempts found it.
 
-    After a write or a search failed as unreachable, an inline sync or a search is refused
-    (it fails at once with that error, a sync's jobs left to retry) for ``first`` seconds,
-    doubling with each failed attempt up to ``cap``, and while any other attempt is on its way;
-    past that an inline sync or a search tries again itself. Any attempt that reaches the store
-    ends the outage.
+    After a write or a search failed as unreachable, an inline sync is refused (it fails at
+    once with that error, its jobs left to retry) for ``first`` seconds, doubling with each
+    failed attempt up to ``cap``, and while any other attempt is on its way; past that an
+    inline sync tries again itself. Searches (:meth:`admit_search`) go one at a time during an
+    outage, the others failing at once, and none for the window after one failed: a search
+    that finds the store back ends the outage for all, a sync's failure alone holds no search
+    back. Any attempt that reaches the store ends the outage.
 
     Args:
-        first: Seconds inline syncs and searches skip the store after the first failure.
+        first: Seconds inline syncs (and searches, after a search's failure) skip the store
+            after the first failure.
         cap: Longest such wait, in seconds.
     """
 
@@ -154,39 +157,56 @@ class Outage:
         """The latest failure."""
         self._wait = first
         self._until = 0.0
+        self._search_until = 0.0
         self._trying = 0  # attempts on their way
+        self._searching = 0  # searches on their way
         self._lock = RenewedLock()
 
-    def admit(
-        self, inline: bool, then: str = "the rows sync once it answers"
-    ) -> VectorStoreError | None:
-        """Start an attempt; for an inline sync (or a search) during an outage, the error to
-        fail it with instead (no attempt started), ending with ``then``. Each started attempt
-        ends with :meth:`record` or :meth:`ended`."""
+    def admit(self, inline: bool) -> VectorStoreError | None:
+        """Start an attempt; for an inline sync during an outage, the error to fail it with
+        instead (no attempt started). Each started attempt ends with :meth:`record`."""
         with self._lock:
             if (
                 inline
                 and self.since is not None
                 and (self._trying or time.monotonic() < self._until)
             ):
-                since = time.strftime("%H:%M:%S", time.localtime(self.since))
-                return VectorStoreError(
-                    f"not tried: the vector store (or the embedder) has been unreachable since "
-                    f"{since} (latest error: {self.error}); {then}"
-                )
+                return self._refusal("the rows sync once it answers")
             self._trying += 1
             return None
+
+    def admit_search(self) -> VectorStoreError | None:
+        """Start a search's call to the store; during an outage, while another search is on
+        its way or in the window after one failed, the error to fail it with instead (no
+        call started). Each started call ends with :meth:`ended` (``search=True``)."""
+        with self._lock:
+            if self.since is not None and (
+                self._searching or time.monotonic() < self._search_until
+            ):
+                return self._refusal("search again once it answers")
+            self._trying += 1
+            self._searching += 1
+            return None
+
+    def _refusal(self, then: str) -> VectorStoreError:
+        since = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return VectorStoreError(
+            f"not tried: the vector store (or the embedder) has been unreachable since {since} "
+            f"(latest error: {self.error}); {then}"
+        )
 
     def record(self, report: ApplyReport) -> None:
         """End an attempt that :meth:`admit` started, with what it found."""
         self.ended(next((exc for _, exc in report.failed if _unreachable(exc)), None))
 
-    def ended(self, error: BaseException | None) -> None:
-        """End an attempt that :meth:`admit` started: ``error`` is what it failed with
-        (``None``, or an error that does not say the store is unreachable: it reached it)."""
+    def ended(self, error: BaseException | None, search: bool = False) -> None:
+        """End an attempt that :meth:`admit` (or, ``search``, :meth:`admit_search`) started:
+        ``error`` is what it failed with (``None``, or an error that does not say the store is
+        unreachable: it reached it)."""
         down = error if error is not None and _unreachable(error) else None
         with self._lock:
             self._trying -= 1
+            self._searching -= search
             if down is not None:
                 if self.since is None:
                     self.since, self._wait = time.time(), self.first
@@ -200,6 +220,8 @@ class Outage:
                     self._wait = min(self._wait * 2, self.cap)
                 self.error = down
                 self._until = time.monotonic() + self._wait
+                if search:
+                    self._search_until = self._until
             elif self.since is not None:
                 log.warning(
                     "semantic_orm: the vector store answers again after %.0f s",

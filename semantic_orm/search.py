@@ -1297,9 +1297,9 @@ def _guarded(index: SemanticIndex, call: Callable[..., R], *args: Any) -> R:
     """Call the store for a search (``call(*args)``: its query, or the collection's check),
     failing at once while the store is known to be unreachable
     (:class:`~semantic_orm.applying.Outage`, shared with the index's syncs): while it is down,
-    searches fail fast, and one in a while tries it again."""
+    one search at a time tries it, the others fail fast."""
     outage = index.applier.outage
-    refused = outage.admit(True, "search again once it answers")
+    refused = outage.admit_search()
     if refused is not None:
         raise refused
     error: BaseException | None = None
@@ -1309,7 +1309,7 @@ def _guarded(index: SemanticIndex, call: Callable[..., R], *args: Any) -> R:
         error = exc
         raise
     finally:
-        outage.ended(error)
+        outage.ended(error, search=True)
 
 
 async def _identify(session: Any, model: type[Any]) -> None:

@@ -308,47 +308,56 @@ def test_commits_do_not_wait_on_a_store_found_unreachable(engine: Any, store: An
 
 
 def test_searches_fail_fast_while_the_store_is_down(engine: Any, store: Any) -> None:
-    """A search that finds the store unreachable starts an outage (shared with the commits'
-    syncs): searches meanwhile fail at once, without calling it (each would wait for the
-    store's timeout), sync and async alike; past the window one tries it again, and the first
-    that gets through ends the outage."""
+    """A search that finds the store unreachable starts an outage (shared with the syncs):
+    searches meanwhile fail at once, without calling it (each would wait for the store's
+    timeout), sync and async alike, and so do commits' syncs; past the window one tries it
+    again, and the first that gets through ends the outage. A sync's failure alone holds no
+    search back. (Deferred mode: no background retrier calls the store meanwhile.)"""
     Base.metadata.create_all(engine)
     counting = CountingStore(store)
-    idx = SemanticIndex(store=counting, embedder=HashEmbedder(), retry_base=0.3)
+    idx = SemanticIndex(store=counting, embedder=HashEmbedder(), mode="deferred", retry_base=0.5)
     factory = sessionmaker(engine, expire_on_commit=False)
     idx.install(factory)
+    outage = idx.applier.outage
     try:
         with factory() as s:
             s.add(Article(id=1, title="t", content="the store answers for now"))
             s.commit()
+        idx.drain(engine, timeout=10)
+        with factory() as s:
+            s.add(Article(id=3, title="t", content="synced while it is down"))
+            s.commit()
+        counting.down = True
+        idx.process(engine)  # a sync finds it down
+        assert outage.since is not None
+        counting.down = False  # back: the next search tries it, and ends the outage
+        with factory() as s:
             assert [h.obj.id for h in Article.semantic_search(s, "store answers")] == [1]
-            counting.down = True
-            before = counting.calls
+        assert outage.since is None
+        counting.down = True
+        before = counting.calls
+        with factory() as s:
             with pytest.raises(VectorStoreError, match="FlakyStore is down"):
                 Article.semantic_search(s, "store answers")
             assert counting.calls == before + 1  # it tried, and found it down
             for _ in range(3):
                 with pytest.raises(VectorStoreError, match="search again once it answers"):
                     Article.semantic_search(s, "store answers")
-            asyncio.run(_async_search_fails_fast(engine, idx))
-            s.add(Article(id=2, title="t", content="a commit during the outage"))
-            s.commit()  # its sync fails at once too, the row left to the retrier
-            assert counting.calls == before + 1
-            time.sleep(0.35)  # past the window: a search tries the store again
+        asyncio.run(_async_search_fails_fast(engine, idx))
+        # an inline commit's sync would fail at once too
+        assert isinstance(outage.admit(True), VectorStoreError)
+        assert counting.calls == before + 1
+        time.sleep(0.55)  # past the window: a search tries the store again
+        with factory() as s:
             with pytest.raises(VectorStoreError, match="FlakyStore is down"):
                 Article.semantic_search(s, "store answers")
             assert counting.calls == before + 2
             counting.down = False
-            deadline = time.monotonic() + 10
-            while True:  # (the window doubled: refused until it passes)
-                try:
-                    hits = Article.semantic_search(s, "store answers")
-                    break
-                except VectorStoreError:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-            assert hits[0].obj.id == 1
-            assert idx.applier.outage.since is None  # over
+            with pytest.raises(VectorStoreError, match="search again"):  # (the window doubled)
+                Article.semantic_search(s, "store answers")
+            time.sleep(1.05)
+            assert [h.obj.id for h in Article.semantic_search(s, "store answers")][:1] == [1]
+        assert outage.since is None  # over
         idx.drain(engine, timeout=30)
         assert_index_matches_database(engine, counting)
     finally:
@@ -621,7 +630,6 @@ def test_closing_one_index_of_a_shared_store_leaves_it_to_the_others(
     factory = sessionmaker(engine, expire_on_commit=False)
     kept.install(factory)
     try:
-        evicted.verify()
         evicted.close()
         with factory() as s:  # the store still works for the other index
             s.add(Article(id=1, title="t", content=LONG))
@@ -635,3 +643,26 @@ def test_closing_one_index_of_a_shared_store_leaves_it_to_the_others(
     if isinstance(store, EdgeStore):  # the last one closed it
         with pytest.raises(VectorStoreError, match="is closed"):
             store.index_state(f"kept__{COLL}")
+
+
+def test_an_outage_lets_one_search_at_a_time_try_the_store() -> None:
+    """:meth:`Outage.admit_search`: in an outage, a search tries the store while no other
+    search is on its way and none failed within the window; the others fail at once; one
+    that reaches the store ends the outage. A sync's failure opens no search window."""
+    down = VectorStoreError("connection refused")
+    outage = Outage(first=0.2, cap=1.0)
+    assert outage.admit(False) is None
+    outage.ended(down)  # a background sync found it down
+    assert outage.since is not None
+    probe = outage.admit_search()  # no search window: it tries
+    assert probe is None
+    refused = outage.admit_search()  # one at a time
+    assert isinstance(refused, VectorStoreError) and "search again" in str(refused)
+    outage.ended(down, search=True)  # the probe failed: a window for searches
+    assert outage.admit_search() is not None
+    time.sleep(0.45)  # (the window doubled to 0.4 s)
+    assert outage.admit_search() is None
+    assert outage.admit_search() is not None
+    outage.ended(None, search=True)  # got through
+    assert outage.since is None and outage.admit_search() is None
+    outage.ended(None, search=True)

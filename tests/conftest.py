@@ -31,7 +31,7 @@ from semantic_orm import EdgeStore, QdrantClientStore, SemanticIndex, SentenceTr
 from semantic_orm.stores import VectorStore
 from semantic_orm.testing import FlakyStore, HashEmbedder
 
-from .helpers import pysqlite_recipe
+from .helpers import async_url, pysqlite_recipe
 from .models import Base
 
 # ============================================================================ 1. Environment
@@ -164,8 +164,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStor
 @pytest_asyncio.fixture
 async def aengine(db_url: Any) -> AsyncIterator[AsyncEngine]:
     """An async engine on each database (aiosqlite, asyncpg), tables created."""
-    driver = "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    engine = create_async_engine(db_url.set(drivername=driver))
+    engine = create_async_engine(async_url(db_url))
     async with engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
     yield engine

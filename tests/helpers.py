@@ -246,6 +246,12 @@ def unload_cli_app(app: Any) -> None:
     sys.modules.pop("tests.cli_app", None)
 
 
+def async_url(url: sa.URL) -> sa.URL:
+    """``url`` with the async driver the tests use for its database (aiosqlite, asyncpg)."""
+    sqlite = url.get_backend_name() == "sqlite"
+    return url.set(drivername="sqlite+aiosqlite" if sqlite else "postgresql+asyncpg")
+
+
 def settle_fails_once(monkeypatch: Any) -> list[int]:
     """Make the next settle of a pass fail as a database that refuses it would (locked, gone);
     the list counts the settles tried."""

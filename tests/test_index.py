@@ -38,6 +38,7 @@ from .helpers import (
     COLL,
     LONG,
     assert_index_matches_database,
+    async_url,
     jobs,
     points_of,
     pysqlite_recipe,
@@ -365,9 +366,7 @@ def test_searches_fail_fast_while_the_store_is_down(engine: Any, store: Any) -> 
 
 
 async def _async_search_fails_fast(engine: Engine, idx: SemanticIndex) -> None:
-    sqlite = engine.dialect.name == "sqlite"
-    driver = "sqlite+aiosqlite" if sqlite else "postgresql+asyncpg"
-    aengine = create_async_engine(engine.url.set(drivername=driver))
+    aengine = create_async_engine(async_url(engine.url))
     try:
         async with AsyncSession(aengine) as s:
             with pytest.raises(VectorStoreError, match="search again once it answers"):

@@ -33,7 +33,7 @@ from semantic_orm.mapping import semantic_columns
 from semantic_orm.schemas import database_of
 from semantic_orm.testing import HashEmbedder, MemoryStore
 
-from .helpers import COLL, assert_index_matches_database, expected_points
+from .helpers import COLL, assert_index_matches_database, async_url, expected_points
 from .models import Article, Base, Note
 
 TENANTS = ("t1", "t2")
@@ -296,6 +296,14 @@ def test_one_outbox_holds_the_jobs_of_one_schema_per_table(
         assert entries(idx) == 1
 
 
+async def _river_synced(factory: async_sessionmaker[Any], idx: SemanticIndex) -> None:
+    """Commit article 1 (:data:`RIVER`) through ``factory`` and wait for its sync."""
+    async with factory() as s:
+        s.add(Article(id=1, title="a1", content=RIVER))
+        await s.commit()
+    await idx.adrain(factory, timeout=30)
+
+
 @pytest.mark.asyncio
 async def test_async_sessions_follow_the_same_rules(aengine: AsyncEngine, tmp_path: Path) -> None:
     sync = aengine.sync_engine
@@ -321,10 +329,7 @@ async def test_async_sessions_follow_the_same_rules(aengine: AsyncEngine, tmp_pa
     factory = async_sessionmaker(engines["t1"], expire_on_commit=False)
     idx.install(factory)
     try:
-        async with factory() as s:
-            s.add(Article(id=1, title="a1", content=RIVER))
-            await s.commit()
-        await idx.adrain(factory, timeout=30)
+        await _river_synced(factory, idx)
         async with factory() as s:
             hits = await Article.asemantic_search(s, "river delta", limit=3)
             assert [h.obj.content for h in hits] == [RIVER]
@@ -458,17 +463,11 @@ def test_two_urls_of_one_database_are_one_place(
 async def test_an_async_search_is_refused_a_second_database_before_any_write(
     databases: list[URL], engines: list[Engine], index: SemanticIndex
 ) -> None:
-    sync = (
-        "sqlite+aiosqlite" if databases[0].get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    )
-    made = [create_async_engine(url.set(drivername=sync)) for url in databases]
+    made = [create_async_engine(async_url(url)) for url in databases]
     factory = async_sessionmaker(made[0], expire_on_commit=False)
     index.install(factory)
     try:
-        async with factory() as s:
-            s.add(Article(id=1, title="a1", content=RIVER))
-            await s.commit()
-        await index.adrain(factory, timeout=30)
+        await _river_synced(factory, index)
         # the first use of these engines: each is asked what it is through the session
         async with factory(bind=made[2]) as s:
             hits = await Article.asemantic_search(s, "river delta", limit=3)

@@ -26,6 +26,8 @@ from sqlalchemy.orm import sessionmaker
 from semantic_orm import SemanticIndex, SemanticText, semantic_search
 from semantic_orm.testing import HashEmbedder, MemoryStore
 
+from .helpers import async_url
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTICLES = {
     "Photosynthesis": "Green plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
@@ -59,10 +61,7 @@ def server(request: pytest.FixtureRequest, db_url: URL, tmp_path: Path) -> Itera
         "TRANSFORMERS_OFFLINE": "1",
     }
     if kind == "fastapi":
-        driver = (
-            "sqlite+aiosqlite" if db_url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-        )
-        env["DATABASE_URL"] = _database(db_url, driver, tmp_path)
+        env["DATABASE_URL"] = _database(db_url, async_url(db_url).drivername, tmp_path)
         command = [sys.executable, "-m", "uvicorn", "examples.fastapi_app.app:app", "--host",
                    "127.0.0.1", "--port", str(port)]  # fmt: skip
     else:

@@ -205,7 +205,7 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
             if args.once:
                 raise
             failures += 1
-            wait = failure_wait(args.poll, failures)
+            wait = failure_wait(max(args.poll, 0.05), failures)
             print(
                 f"semantic-orm worker: database error: {first_line(exc)}; trying again in "
                 f"{wait:.3g} s ({failures} failed in a row)",
@@ -213,7 +213,7 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
             )
             time.sleep(wait)
             continue
-        if failures:
+        if failures and report.claimed and not report.sync.failed:  # (synced something)
             print(
                 f"semantic-orm worker: the database works again after {failures} failed passes",
                 file=sys.stderr,

@@ -99,7 +99,15 @@ from .processing import (
 )
 from .ranking import DEFAULT_FUSION, Fusion
 from .rerank import Reranker
-from .schemas import Place, SchemaClaims, check_connection, database_of, jobs_at, translated
+from .schemas import (
+    Place,
+    SchemaClaims,
+    check_connection,
+    database_of,
+    identified,
+    jobs_at,
+    translated,
+)
 from .staging import SessionTracker, Staged, StagingHooks, session_connection
 from .stores.base import Store
 
@@ -553,6 +561,8 @@ class SemanticIndex:
         Raises:
             ConfigurationError: Naming the column, both databases or schemas, and the fix.
         """
+        if isinstance(bind, Engine) and bind.dialect.is_async and not identified(bind):
+            return  # (cannot ask it here: the first transaction or async search claims it)
         self._schemas.claim(
             [(c.table, _place(bind, c.column.table.schema), c.label, None) for c in columns]
         )

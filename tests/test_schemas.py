@@ -507,3 +507,24 @@ def test_a_role_that_cannot_read_the_cluster_identifier_is_told_by_its_url(
             conn.execute(text("GRANT EXECUTE ON FUNCTION pg_control_system() TO PUBLIC"))
             conn.execute(text(f"DROP ROLE {role}"))
         admin.dispose()
+
+
+@pytest.mark.asyncio
+async def test_an_async_engine_used_before_it_was_asked_is_not_refused_later(
+    aengine: AsyncEngine, index: SemanticIndex
+) -> None:
+    """A sync search run inside an AsyncSession's ``run_sync`` before any write reaches the
+    index through an engine that cannot be asked what it is there: it claims nothing, and the
+    first write (asked through its connection) is not refused as another database."""
+    factory = async_sessionmaker(aengine, expire_on_commit=False)
+    index.install(factory)
+    try:
+        async with factory() as s:
+            found = await s.run_sync(lambda sync: Article.semantic_search(sync, "river"))
+            assert found == []
+        await _river_synced(factory, index)
+        async with factory() as s:
+            hits = await Article.asemantic_search(s, "river delta", limit=3)
+            assert [h.obj.content for h in hits] == [RIVER]
+    finally:
+        index.uninstall(factory)

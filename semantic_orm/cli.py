@@ -28,7 +28,9 @@ Errors are one line on stderr, never a traceback: exit status 2 for a usage or c
 error (a wrong ``module:attribute``, a missing table), 1 for a failure of the database or the
 vector store (a Qdrant Edge directory held by another process). ``worker`` without ``--once``
 (a service) waits out a database that fails for a while (unreachable, restarting, locked): a
-line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on. Commands that
+line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on; an error no
+wait mends (a wrong path, database name or password, a missing table) stops it with status 1
+unless a pass already worked. Commands that
 embed nothing (``status``, ``requeue``, ``gc``) do not load the model.
 """
 
@@ -49,7 +51,7 @@ from sqlalchemy.orm import Session
 
 from . import outbox
 from .evaluation import evaluate, load_gold
-from .exc import ConfigurationError, SemanticORMError, first_line
+from .exc import ConfigurationError, SemanticORMError, first_line, is_database_outage
 from .index import SemanticIndex
 from .maintenance import ColumnStatus, gc, rebuild, reconcile, reindex, status, unmapped_jobs
 from .processing import failure_wait
@@ -198,12 +200,13 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
     last = time.monotonic()
     failure: BaseException | None = None
     failures = 0  # passes failed in a row, the database unreachable
+    worked = False  # a pass ran: the settings are right, whatever fails later is an outage
     while True:
         try:
             report = worker.run_once()
         except (OperationalError, InterfaceError) as exc:
-            if args.once:
-                raise
+            if args.once or not (worked or is_database_outage(exc)):
+                raise  # (a wrong path, database or password: no wait mends it)
             failures += 1
             wait = failure_wait(max(args.poll, 0.05), failures)
             print(
@@ -213,6 +216,7 @@ def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> i
             )
             time.sleep(wait)
             continue
+        worked = True
         if failures and report.claimed and not report.sync.failed:  # (synced something)
             print(
                 f"semantic-orm worker: the database works again after {failures} failed passes",

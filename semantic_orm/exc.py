@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from sqlalchemy.exc import DontWrapMixin, OperationalError
+from sqlalchemy.exc import DBAPIError, DontWrapMixin, OperationalError
 
 __all__ = [
     "ChunkTooLongWarning",
@@ -143,6 +143,44 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (SemanticValueError, SemanticTypeError, EmbeddingError)):
         return False
     return isinstance(error, (ConfigurationError, ConnectionError, TimeoutError, OperationalError))
+
+
+_OUTAGE_SQLSTATES = ("08", "40", "53", "57", "58", "55P03")
+"""PostgreSQL error classes of a database failing for a while: connection exceptions,
+serialization failures and deadlocks, insufficient resources (too many connections), operator
+intervention (shutting down, starting up, cancelled by a timeout), system errors, and a lock
+not obtained within ``lock_timeout``."""
+_OUTAGE_WORDS = (
+    "connection refused",
+    "could not connect",
+    "could not translate host name",
+    "temporary failure in name resolution",
+    "timeout expired",
+    "timed out",
+    "server closed the connection",
+    "connection reset",
+    "the database system is",
+    "database is locked",
+    "database table is locked",
+)
+"""What drivers that give no error code say when the database is unreachable or busy."""
+
+
+def is_database_outage(error: DBAPIError) -> bool:
+    """Whether ``error`` says the database fails for a while (unreachable, restarting, busy,
+    locked) rather than a setting at fault (a wrong path, database name or password, a missing
+    table), which no wait mends."""
+    if error.connection_invalidated:  # the dialect saw the connection lost
+        return True
+    orig = error.orig
+    sqlite = getattr(orig, "sqlite_errorname", None)
+    if sqlite:
+        return str(sqlite).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code:
+        return str(code).startswith(_OUTAGE_SQLSTATES)
+    text = str(orig).lower()
+    return any(word in text for word in _OUTAGE_WORDS)
 
 
 def import_optional(module: str, hint: str) -> Any:

@@ -343,3 +343,101 @@ def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_pat
         assert assert_index_matches_database(tables, store) > 0
     finally:
         store.close()
+
+
+def _service(argv: list[str], monkeypatch: Any, step: Any) -> int:
+    """Run ``semantic-orm worker`` (a service) in-process, ``step(waits)`` called at each of
+    its waits instead of sleeping (it raises ``KeyboardInterrupt`` to stop the service)."""
+    import time
+    import types
+
+    from semantic_orm import cli
+
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        step(waits)
+
+    clock = types.SimpleNamespace(sleep=sleep, monotonic=time.monotonic)
+    monkeypatch.setattr(cli, "time", clock)
+    return cli_main(["worker", "tests.cli_app:index", "--poll", "0.01", *argv])
+
+
+def test_the_worker_service_stops_at_a_database_no_wait_mends(
+    tables: Engine, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong database (a path in no directory, a database name the server lacks) stops the
+    service at its first pass with status 1 and one line, as ``--once`` does; a server that
+    refuses connections (not started yet) is waited out."""
+    import importlib
+
+    from .pg_cluster import free_port
+
+    url = tables.url
+    if url.get_backend_name() == "sqlite":
+        wrong = url.set(database=str(tmp_path / "no-such-directory" / "db.sqlite3"))
+        down = None
+    else:
+        wrong = url.set(database="no_such_database")
+        down = url.set(host="127.0.0.1", port=free_port())
+    cases = [(wrong, 1)] + ([(down, 130)] if down is not None else [])
+    for bad, expected in cases:
+        monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", bad.render_as_string(hide_password=False))
+        monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "v"))
+        sys.modules.pop("tests.cli_app", None)
+        app = importlib.import_module("tests.cli_app")  # (install warns, and goes on)
+
+        def step(waits: list[float]) -> None:
+            if len(waits) == 3:
+                raise KeyboardInterrupt
+
+        try:
+            code = _service([], monkeypatch, step)
+        finally:
+            unload_cli_app(app)
+        err = capsys.readouterr().err
+        assert code == expected, err
+        assert "Traceback" not in err
+        if expected == 1:
+            assert "trying again" not in err
+            assert err.strip().splitlines()[-1].startswith("semantic-orm: database error:")
+        else:
+            assert err.count("trying again") == 3 and "(3 failed in a row)" in err
+
+
+def test_the_worker_service_waits_out_any_database_error_once_a_pass_worked(
+    app: Any, tables: Engine, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once a pass worked the settings are right: an error that would stop a service at its
+    start (here the outbox gone for a while, as in a migration) is waited out."""
+    from sqlalchemy import insert
+
+    from semantic_orm import outbox
+
+    from .helpers import pending
+
+    if tables.url.get_backend_name() != "sqlite":
+        pytest.skip("PostgreSQL says a missing table is a ProgrammingError, never waited out")
+    with app.Session() as s:
+        s.add_all(Article(title=f"t{i}", content=doc_text(i)) for i in range(2))
+        s.commit()
+    moved = f"{outbox.OUTBOX_TABLE}_moved"
+
+    def step(waits: list[float]) -> None:
+        if len(waits) == 1:  # the jobs done: the outbox goes away
+            with tables.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {outbox.OUTBOX_TABLE} RENAME TO {moved}")
+        elif len(waits) == 3:  # two passes failed: it comes back, with a job
+            with tables.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {moved} RENAME TO {outbox.OUTBOX_TABLE}")
+                conn.execute(insert(Article).values(id=99, title="t", content=doc_text(9)))
+                outbox.enqueue(conn, [("article", "content", "99")])
+        elif len(waits) > 4:
+            raise KeyboardInterrupt
+
+    assert _service(["--interval", "1000"], monkeypatch, step) == 130
+    err = capsys.readouterr().err
+    assert "no such table" in err and "(2 failed in a row)" in err, err
+    assert "the database works again after 2 failed passes" in err
+    assert pending(tables) == []

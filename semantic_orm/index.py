@@ -104,7 +104,6 @@ from .schemas import (
     SchemaClaims,
     check_connection,
     database_of,
-    identified,
     jobs_at,
     translated,
 )
@@ -561,11 +560,13 @@ class SemanticIndex:
         Raises:
             ConfigurationError: Naming the column, both databases or schemas, and the fix.
         """
-        if isinstance(bind, Engine) and bind.dialect.is_async and not identified(bind):
-            return  # (cannot ask it here: the first transaction or async search claims it)
-        self._schemas.claim(
-            [(c.table, _place(bind, c.column.table.schema), c.label, None) for c in columns]
-        )
+        claims = []
+        for c in columns:
+            place = _place(bind, c.column.table.schema)
+            if place is None:  # an async engine, not asked yet (it cannot be asked here):
+                return  # the first transaction or async search claims
+            claims.append((c.table, place, c.label, None))
+        self._schemas.claim(claims)
 
     def reach_session(self, session: Any, column: SemanticColumn) -> None:
         """:meth:`reach` through what ``session`` loads ``column``'s rows with (a search): its
@@ -594,8 +595,9 @@ class SemanticIndex:
         claims = []
         for conn, table, what in writes:
             check_connection(conn, (table.schema, outbox.outbox.schema), what, options)
-            jobs = jobs_at(conn.engine, outbox.outbox)
-            claims.append((table_name(table), _place(conn, table.schema), what, jobs))
+            place = _place(conn, table.schema)
+            assert place is not None  # (asked through the connection)
+            claims.append((table_name(table), place, what, jobs_at(conn, outbox.outbox)))
         self._schemas.claim(claims, owner)
 
     def _mapper_for(self, table: Table) -> Mapper[Any] | None:
@@ -1039,11 +1041,13 @@ class SemanticIndex:
             self.store.close()
 
 
-def _place(bind: Engine | Connection, schema: str | None) -> Place:
-    """Where a table declared in ``schema`` is through ``bind``: its database, and the schema
-    its engine translates ``schema`` into (the connection's own map is checked apart)."""
-    database, shown = database_of(bind)
-    return Place(database, translated(schema, bind.engine.get_execution_options()), shown)
+def _place(bind: Engine | Connection, schema: str | None) -> Place | None:
+    """Where a table declared in ``schema`` is through ``bind``: the schema its engine
+    translates ``schema`` into (the connection's own map is checked apart), and that schema's
+    database (``None``: an async engine that cannot be asked here)."""
+    reached = translated(schema, bind.engine.get_execution_options())
+    found = database_of(bind, reached)
+    return None if found is None else Place(found[0], reached, found[1])
 
 
 def _unborn(staged: Staged, held: Sequence[Job]) -> list[int]:

@@ -16,15 +16,18 @@ are written, searched and processed:
   searched or processed a table in one database and schema refuses another for the life of the
   index. Give each database or schema its own ``SemanticIndex`` (with its own
   ``collection_prefix``), installed on a sessionmaker bound to that database's or schema's
-  engine. A database is told by what it says of itself (:func:`database_of`: SQLite's file,
-  PostgreSQL's cluster identifier and database name), so two URLs of one database (a host name
-  and its address, two drivers) are one place; in-memory SQLite databases (one per engine or
-  connection) are not told apart.
-* **One schema per table, per outbox** (for the whole process, :meth:`SchemaClaims.claim`):
+  engine. A database is told by what it says of itself, asked once per connection pool
+  (:func:`database_of`: SQLite's file, an attached schema's own; PostgreSQL's cluster
+  identifier and database name), so two URLs of one database (a host name and its address,
+  two drivers) are one place; in-memory SQLite databases (one per engine or connection) are not
+  told apart, nor are PostgreSQL clusters cloned from one data directory (they share their
+  identifier) that hold databases of one name.
+* **One place per table, per outbox** (for the whole process, :meth:`SchemaClaims.claim`):
   an outbox (declared without a schema) left where it is while a table moves is fine for one
-  translation (a renamed schema), but two translations of one table writing to the same outbox
-  would have each schema's worker take the other's jobs and look for their keys in its own rows:
-  the second is refused.
+  translation (a renamed schema), but two schemas or databases of one table writing to the
+  same outbox (SQLite tenants attaching their own files under one schema name, the outbox left
+  in the shared main file) would have each one's worker take the other's jobs and look for
+  their keys in its own rows: the second is refused.
 
 A claim is made only when every table of the operation passes, so a refused operation pins
 nothing. A write's claims hold while its session's root transaction is open, for good once it
@@ -174,99 +177,95 @@ class _Ledger:
 
 _lock = RenewedLock()
 _outboxes = _Ledger()
-"""Per outbox (:func:`jobs_at`) and declared table, the schema its jobs came from, for the
-whole process."""
-_databases: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
-_UNKNOWN: Any = object()
+"""Per outbox (:func:`jobs_at`) and declared table, where its jobs' rows are (a
+:class:`Place`), for the whole process."""
 
 
-def jobs_at(engine: Engine, outbox: Table) -> Any:
-    """Which outbox ``engine`` writes jobs to: its database (as far as the URL tells) and the
-    schema the outbox is translated into; ``None`` for an in-memory SQLite database (one per
-    engine or connection, shared by nothing)."""
-    database = _database(engine)
-    if database is None:
-        return None
-    return (database, translated(outbox.schema, engine.get_execution_options()))
+def jobs_at(conn: Connection, outbox: Table) -> Any:
+    """Which outbox ``conn`` writes jobs to: the database (:func:`database_of`) and schema its
+    engine puts the outbox in; ``None`` for an in-memory SQLite database (one per engine or
+    connection, shared by nothing)."""
+    schema = translated(outbox.schema, conn.engine.get_execution_options())
+    found = database_of(conn, schema)
+    assert found is not None  # (asked through the connection)
+    return None if found[0] is None else (found[0], schema)
 
 
-_identities: weakref.WeakKeyDictionary[Engine, tuple[Hashable | None, str]] = (
-    weakref.WeakKeyDictionary()
-)
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """What a database said it is (:func:`database_of`): a key and how to name it, and for
+    SQLite those of each attached schema's file."""
+
+    main: tuple[Hashable | None, str]
+    attached: Mapping[str, tuple[Hashable | None, str]]
+
+
+_identities: weakref.WeakKeyDictionary[Any, _Identity] = weakref.WeakKeyDictionary()
+"""Per connection pool (an engine's ``execution_options`` copies share their engine's)."""
 _PG_IDENTITY = (
     "SELECT current_database(), CASE WHEN to_regprocedure('pg_control_system()') IS NULL "
     "THEN false ELSE has_function_privilege('pg_control_system()', 'EXECUTE') END"
 )
+_IN_MEMORY = (None, "an in-memory SQLite database")
 
 
-def database_of(bind: Engine | Connection) -> tuple[Hashable | None, str]:
-    """Which database ``bind`` reaches, as it says itself (asked once per engine), and how to
-    name it: SQLite's main file (``None`` for an in-memory one), PostgreSQL's cluster
-    identifier (the URL's host and port where the role may not read it) and database name,
-    for other databases the URL's host, port and database. An engine whose driver is async
-    and that was never asked through a connection is told by its URL."""
+def database_of(
+    bind: Engine | Connection, schema: str | None = None
+) -> tuple[Hashable | None, str] | None:
+    """Which database ``bind`` reaches a table in ``schema`` (as reached, after any
+    translation) in, as it says itself, and how to name it; asked once per connection pool.
+
+    SQLite: the file of the schema (an attached database) or of ``main`` (``None``: in
+    memory). PostgreSQL: the cluster's identifier and the database's name (where the role may
+    not read the identifier: the URL's host, port and database). Other databases: their URL.
+    ``None`` for an async engine never asked through a connection: it cannot be asked outside
+    one (:func:`identified`)."""
     engine = bind.engine
-    found = _identities.get(engine)
-    if found is not None:
-        return found
-    if isinstance(bind, Connection):
-        found = _ask(bind)
-    elif not engine.dialect.is_async:
-        with engine.connect() as conn:
-            found = _ask(conn)
-    else:  # (not cached: a connection may tell more later)
-        return _from_url(engine)
-    _identities[engine] = found
-    return found
+    found = _identities.get(engine.pool)
+    if found is None:
+        if isinstance(bind, Connection):
+            found = _ask(bind)
+        elif engine.dialect.is_async:
+            return None
+        else:
+            with engine.connect() as conn:
+                found = _ask(conn)
+        _identities[engine.pool] = found
+    return found.main if schema is None else found.attached.get(schema, found.main)
 
 
 def identified(engine: Engine) -> bool:
     """Whether :func:`database_of` already asked ``engine``'s database what it is."""
-    return engine in _identities
+    return engine.pool in _identities
 
 
-def _ask(conn: Connection) -> tuple[Hashable | None, str]:
+def _ask(conn: Connection) -> _Identity:
     name = conn.dialect.name
     if name == "sqlite":
-        rows = conn.exec_driver_sql("PRAGMA database_list").all()
-        file = next((row[2] for row in rows if row[1] == "main"), "")
-        if not file:
-            return None, "an in-memory SQLite database"
-        path = os.path.realpath(file)
-        return (name, path), f"the SQLite database {path}"
+        files = {row[1]: row[2] for row in conn.exec_driver_sql("PRAGMA database_list")}
+        found = {schema: _sqlite_file(file) for schema, file in files.items()}
+        return _Identity(found.pop("main", _IN_MEMORY), found)
+    url = conn.engine.url
     if name == "postgresql":
         database, readable = conn.exec_driver_sql(_PG_IDENTITY).one()
-        url = conn.engine.url
-        cluster: Any = (url.host, url.port)
+        cluster: Any = (url.host, url.port, url.database)
         if readable:
             cluster = conn.exec_driver_sql("SELECT system_identifier FROM pg_control_system()")
             cluster = cluster.scalar_one()
-        return (name, cluster, database), f"the PostgreSQL database {database!r}"
-    return _from_url(conn.engine)
+        server = url.host or "the local socket"
+        if url.port:
+            server = f"{server}:{url.port}"
+        shown = f"the PostgreSQL database {database!r} on {server}"
+        return _Identity(((name, cluster, database), shown), {})
+    key = (url.get_backend_name(), url.host, url.port, url.database)
+    return _Identity((key, f"the database {url.render_as_string(hide_password=True)}"), {})
 
 
-def _from_url(engine: Engine) -> tuple[Hashable | None, str]:
-    url = engine.url
-    key = _database(engine)
-    return key, f"the database {url.render_as_string(hide_password=True)}"
-
-
-def _database(engine: Engine) -> Any:
-    """Which database ``engine`` reaches, as far as its URL tells (``None``: an in-memory
-    SQLite database, one per engine or connection)."""
-    found = _databases.get(engine, _UNKNOWN)
-    if found is _UNKNOWN:
-        url = engine.url
-        backend, name = url.get_backend_name(), url.database
-        if backend == "sqlite":
-            if not name or name == ":memory:" or name.startswith("file::memory:"):
-                found = None
-            else:
-                found = (backend, os.path.abspath(name))
-        else:
-            found = (backend, url.host, url.port, name)
-        _databases[engine] = found
-    return found
+def _sqlite_file(file: str) -> tuple[Hashable | None, str]:
+    if not file:
+        return _IN_MEMORY
+    path = os.path.realpath(file)
+    return ("sqlite", path), f"the SQLite database {path}"
 
 
 def _conflict(first: _Use, used: str | None, reached: str | None, what: str, where: str) -> str:
@@ -276,20 +275,22 @@ def _conflict(first: _Use, used: str | None, reached: str | None, what: str, whe
     )
 
 
+def _at(place: Place) -> str:
+    return f"{_shown(place.schema)} of {place.shown}" if place.shown else _shown(place.schema)
+
+
 def _refusal(first: _Use, reached: Place, what: str) -> str:
     used: Place = first.value
+    where = "this SemanticIndex"
     if used.database == reached.database:
-        where = "this SemanticIndex"
-        return (
-            f"{_conflict(first, used.schema, reached.schema, what, where)}: the rows of both "
-            "schemas would share its vector collection, overwriting each other's points and "
-            f"answering each other's searches. {_FIX}"
-        )
+        met = _conflict(first, used.schema, reached.schema, what, where)
+    else:  # (SQLite: an attached schema is a database of its own)
+        met = f"{what} is used in {_at(reached)} here, but {where} already used {first.what}"
+        met = f"{met} in {_at(used)}"
+    kind, fix = ("schemas", _FIX) if used.schema != reached.schema else ("databases", _FIX_DATABASE)
     return (
-        f"{what} is used in {reached.shown} here, but this SemanticIndex already used "
-        f"{first.what} in {used.shown}: the rows of both databases would share its vector "
-        "collection, overwriting each other's points (the same primary keys) and answering "
-        f"each other's searches. {_FIX_DATABASE}"
+        f"{met}: the rows of both {kind} would share its vector collection, overwriting each "
+        f"other's points (the same primary keys) and answering each other's searches. {fix}"
     )
 
 
@@ -315,23 +316,29 @@ class SchemaClaims:
                 if first is not None:
                     raise ConfigurationError(_refusal(first, reached, what))
             for table, reached, what, jobs in claims:
-                schema = reached.schema
-                first = None if jobs is None else _outboxes.conflict((jobs, table), schema)
+                first = None if jobs is None else _outboxes.conflict((jobs, table), reached)
                 if first is not None:
+                    used: Place = first.value
+                    if used.database == reached.database:
+                        met = _conflict(first, used.schema, reached.schema, what, "this process")
+                    else:
+                        met = (
+                            f"{what} is used in {_at(reached)} here, but this process already "
+                            f"used {first.what} in {_at(used)}"
+                        )
                     raise ConfigurationError(
-                        f"{_conflict(first, first.value, schema, what, 'this process')}, and "
-                        f"the jobs of both go to the outbox table in {_shown(jobs[1])}: each "
-                        "schema's sync would take the other's jobs and look for their keys in "
-                        "its own rows. Put the "
-                        "outbox in each schema with the table (schema_translate_map={None: "
-                        "<schema>, ...}; declare the tables that stay shared with their schema), "
-                        "or keep one schema and give the column tenant=..."
+                        f"{met}, and the jobs of both go to one outbox table (in "
+                        f"{_shown(jobs[1])}): each one's sync would take the other's jobs and "
+                        "look for their keys in its own rows. Put the outbox in each schema "
+                        "with the table (schema_translate_map={None: <schema>, ...}; declare "
+                        "the tables that stay shared with their schema), or keep one schema "
+                        "and give the column tenant=..."
                     )
             key = None if owner is None else id(owner)
             for table, reached, what, jobs in claims:
                 self._tables.note(table, reached, what, key)
                 if jobs is not None:
-                    _outboxes.note((jobs, table), reached.schema, what, key)
+                    _outboxes.note((jobs, table), reached, what, key)
 
     def end(self, owner: object, committed: bool) -> None:
         """The transaction ``owner`` of :meth:`claim` ended: its claims hold for good if it

@@ -282,7 +282,7 @@ def test_one_outbox_holds_the_jobs_of_one_schema_per_table(
     _, factory = through({"books": "t2", None: None})
     with factory() as s:
         s.add(Entry(id=1, title="m", body=MOUNTAIN))
-        with pytest.raises(ConfigurationError, match=r"outbox table in the default schema"):
+        with pytest.raises(ConfigurationError, match=r"outbox table \(in the default schema\)"):
             s.commit()
     with engine.connect() as conn:  # nothing queued for the first one's worker to take
         assert outbox.pending(conn) == []
@@ -494,13 +494,16 @@ def test_a_role_that_cannot_read_the_cluster_identifier_is_told_by_its_url(
     plain = sa.create_engine(postgresql_url.set(username=role, password="x"))
     try:
         with plain.connect() as conn:
-            found, shown = database_of(conn)
+            answer = database_of(conn)
             assert conn.in_transaction() and conn.exec_driver_sql("SELECT 1").scalar() == 1
         url = plain.url
-        assert found == ("postgresql", (url.host, url.port), url.database)
-        assert shown == f"the PostgreSQL database {url.database!r}"
+        assert answer == (
+            ("postgresql", (url.host, url.port, url.database), url.database),
+            f"the PostgreSQL database {url.database!r} on {url.host}:{url.port}",
+        )
         with admin.connect() as conn:  # a superuser reads it: the cluster's own identifier
-            assert database_of(conn)[0] != found
+            told = database_of(conn)
+            assert told is not None and told[0] != answer[0]
     finally:
         plain.dispose()
         with admin.begin() as conn:
@@ -528,3 +531,99 @@ async def test_an_async_engine_used_before_it_was_asked_is_not_refused_later(
             assert [h.obj.content for h in hits] == [RIVER]
     finally:
         index.uninstall(factory)
+
+
+def test_an_engines_copies_ask_their_database_once(engine: Engine, index: SemanticIndex) -> None:
+    """A copy of the engine per request (``execution_options``) shares its pool, and the
+    database's answer: writes and searches through fresh copies ask nothing more."""
+    Base.metadata.create_all(engine)
+    asked: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "database_list" in statement or "current_database()" in statement:
+            asked.append(statement)
+
+    index.install(factory := sessionmaker(engine, expire_on_commit=False))
+    try:
+        for key in range(1, 4):
+            copy = engine.execution_options(logging_token=f"request {key}")
+            with factory(bind=copy) as s:
+                s.add(Article(id=key, title=f"a{key}", content=RIVER))
+                s.commit()
+                assert Article.semantic_search(s, "river delta", limit=1)
+        assert len(asked) == 1, asked
+    finally:
+        index.uninstall(factory)
+        sa.event.remove(engine, "before_cursor_execute", _seen)
+
+
+def test_tenants_attached_under_one_schema_name_are_two_databases(
+    tmp_path: Path, store: Any
+) -> None:
+    """SQLite tenants that share a main file and each attach their own under the same schema
+    name (the tables and the outbox translated into it) are two databases: one index refuses
+    the second, an index per tenant keeps their rows apart. With the outbox left in the
+    shared main file, each tenant's worker would take the other's jobs: refused."""
+    made: list[Engine] = []
+
+    def tenant(name: str, translate: dict[str | None, str | None]) -> Engine:
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'main.sqlite3'}")
+
+        @sa.event.listens_for(engine, "connect")
+        def _attach(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.execute(f"ATTACH DATABASE '{tmp_path / name}.sqlite3' AS tenant")
+
+        made.append(engine)
+        bound = engine.execution_options(schema_translate_map=translate)
+        (_AppBase if "books" in translate else Base).metadata.create_all(bound)
+        return bound
+
+    kept = {"books": "tenant", None: None}  # the outbox in the main file
+    for n, name in enumerate(("one", "two")):
+        bound = tenant(name, kept)
+        alone = SemanticIndex(
+            store=MemoryStore(), embedder=HashEmbedder(dimension=64), collection_prefix=name
+        )
+        alone.install(factory := sessionmaker(bound))
+        try:
+            with factory() as s:
+                s.add(Entry(id=1, title="m", body=RIVER))
+                if n == 0:
+                    s.commit()
+                    continue
+                with pytest.raises(ConfigurationError, match=r"outbox table \(in the default"):
+                    s.commit()
+        finally:
+            alone.uninstall(factory)
+    engines = [tenant("one", {None: "tenant"}), tenant("two", {None: "tenant"})]
+    shared = SemanticIndex(store=store, embedder=HashEmbedder(dimension=64))
+    shared.install(factory := sessionmaker(engines[0], expire_on_commit=False))
+    try:
+        _write(factory, (1, RIVER))
+        with factory(bind=engines[1]) as s:
+            s.add(Article(id=1, title="a1", content=MOUNTAIN))
+            with pytest.raises(ConfigurationError, match=r"two\.sqlite3.*one\.sqlite3"):
+                s.commit()
+    finally:
+        shared.uninstall(factory)
+    apart = [
+        SemanticIndex(store=store, embedder=HashEmbedder(dimension=64), collection_prefix=p)
+        for p in ("one_", "two_")
+    ]
+    factories = [sessionmaker(e, expire_on_commit=False) for e in engines]
+    for each, each_factory in zip(apart, factories, strict=True):
+        each.install(each_factory)
+    try:
+        _write(factories[0], (2, RIVER))
+        _write(factories[1], (2, MOUNTAIN))
+        for n, (query, own) in enumerate((("river delta", RIVER), ("mountain snow", MOUNTAIN))):
+            apart[n].drain(factories[n])
+            with factories[n]() as s:
+                hits = Article.semantic_search(s, query, limit=5)
+                assert [h.obj.content for h in hits] == [own], n
+    finally:
+        for each, each_factory in zip(apart, factories, strict=True):
+            each.uninstall(each_factory)
+        for engine in made:
+            engine.dispose()

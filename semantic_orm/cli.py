@@ -28,10 +28,11 @@ Errors are one line on stderr, never a traceback: exit status 2 for a usage or c
 error (a wrong ``module:attribute``, a missing table), 1 for a failure of the database or the
 vector store (a Qdrant Edge directory held by another process). ``worker`` without ``--once``
 (a service) waits out a database that fails for a while (unreachable, restarting, locked): a
-line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on; an error no
-wait mends (a wrong path, database name or password, a missing table) stops it with status 1
-unless a pass already worked. Commands that
-embed nothing (``status``, ``requeue``, ``gc``) do not load the model.
+line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on. An error no
+wait mends (a wrong path, database name or password, a missing table) stops it with status 1,
+as ``--once``, unless a pass already worked (the settings are right: then it waits that out
+too, but for a table missing on PostgreSQL, a ``ProgrammingError``, which always stops it).
+Commands that embed nothing (``status``, ``requeue``, ``gc``) do not load the model.
 """
 
 from __future__ import annotations

@@ -145,31 +145,44 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (ConfigurationError, ConnectionError, TimeoutError, OperationalError))
 
 
-_OUTAGE_SQLSTATES = ("08", "40", "53", "57", "58", "55P03")
-"""PostgreSQL error classes of a database failing for a while: connection exceptions,
-serialization failures and deadlocks, insufficient resources (too many connections), operator
-intervention (shutting down, starting up, cancelled by a timeout), system errors, and a lock
-not obtained within ``lock_timeout``."""
-_OUTAGE_WORDS = (
-    "connection refused",
-    "could not connect",
-    "could not translate host name",
-    "temporary failure in name resolution",
-    "timeout expired",
-    "timed out",
-    "server closed the connection",
-    "connection reset",
-    "the database system is",
-    "database is locked",
-    "database table is locked",
+_OUTAGE_SQLSTATES = (
+    "08",  # connection exceptions
+    "53",  # insufficient resources: too many connections, out of memory, disk full
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+    "40003",  # statement completion unknown
+    "55P03",  # lock not available (lock_timeout)
+    "57014",  # query cancelled (statement_timeout)
+    "57P01",  # admin shutdown
+    "57P02",  # crash shutdown
+    "57P03",  # cannot connect now (starting up, recovering)
+    "57P05",  # idle session timeout
+    "58000",  # system error
+    "58030",  # I/O error
 )
-"""What drivers that give no error code say when the database is unreachable or busy."""
+"""SQLSTATEs (and classes) of a PostgreSQL database failing for a while."""
+_SETTING_WORDS = (
+    "does not exist",
+    "authentication failed",
+    "password",
+    "not permitted to log in",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "unable to open database file",
+    "no such table",
+    "invalid dsn",
+    "invalid connection option",
+)
+"""What drivers that give no error code say when a setting is at fault (a wrong database,
+role, password or path); any other such error is taken for an outage."""
 
 
 def is_database_outage(error: DBAPIError) -> bool:
     """Whether ``error`` says the database fails for a while (unreachable, restarting, busy,
-    locked) rather than a setting at fault (a wrong path, database name or password, a missing
-    table), which no wait mends."""
+    locked, out of connections) rather than a setting at fault (a wrong path, database name,
+    role or password, a missing table), which no wait mends. An error with no code (a driver
+    failing to connect: psycopg gives none) is an outage unless its text names such a
+    setting."""
     if error.connection_invalidated:  # the dialect saw the connection lost
         return True
     orig = error.orig
@@ -180,7 +193,7 @@ def is_database_outage(error: DBAPIError) -> bool:
     if code:
         return str(code).startswith(_OUTAGE_SQLSTATES)
     text = str(orig).lower()
-    return any(word in text for word in _OUTAGE_WORDS)
+    return not any(word in text for word in _SETTING_WORDS)
 
 
 def import_optional(module: str, hint: str) -> Any:

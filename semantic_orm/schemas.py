@@ -222,6 +222,10 @@ def database_of(
     one (:func:`identified`)."""
     engine = bind.engine
     found = _identities.get(engine.pool)
+    if schema is not None and engine.dialect.name == "sqlite":
+        schema = schema.lower()  # (SQLite's schema names know no case)
+        if found is not None and schema not in found.attached and schema != "main":
+            found = None  # (attached since it was asked?)
     if found is None:
         if isinstance(bind, Connection):
             found = _ask(bind)
@@ -242,7 +246,7 @@ def identified(engine: Engine) -> bool:
 def _ask(conn: Connection) -> _Identity:
     name = conn.dialect.name
     if name == "sqlite":
-        files = {row[1]: row[2] for row in conn.exec_driver_sql("PRAGMA database_list")}
+        files = {row[1].lower(): row[2] for row in conn.exec_driver_sql("PRAGMA database_list")}
         found = {schema: _sqlite_file(file) for schema, file in files.items()}
         return _Identity(found.pop("main", _IN_MEMORY), found)
     url = conn.engine.url
@@ -282,12 +286,13 @@ def _at(place: Place) -> str:
 def _refusal(first: _Use, reached: Place, what: str) -> str:
     used: Place = first.value
     where = "this SemanticIndex"
-    if used.database == reached.database:
+    met_database = used.database != reached.database
+    if not met_database:
         met = _conflict(first, used.schema, reached.schema, what, where)
     else:  # (SQLite: an attached schema is a database of its own)
         met = f"{what} is used in {_at(reached)} here, but {where} already used {first.what}"
         met = f"{met} in {_at(used)}"
-    kind, fix = ("schemas", _FIX) if used.schema != reached.schema else ("databases", _FIX_DATABASE)
+    kind, fix = ("databases", _FIX_DATABASE) if met_database else ("schemas", _FIX)
     return (
         f"{met}: the rows of both {kind} would share its vector collection, overwriting each "
         f"other's points (the same primary keys) and answering each other's searches. {fix}"

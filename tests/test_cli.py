@@ -368,20 +368,29 @@ def test_the_worker_service_stops_at_a_database_no_wait_mends(
     tables: Engine, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A wrong database (a path in no directory, a database name the server lacks) stops the
-    service at its first pass with status 1 and one line, as ``--once`` does; a server that
-    refuses connections (not started yet) is waited out."""
+    service at its first pass with status 1 and one line, as ``--once`` does; a server not
+    there yet (a port nothing listens on, a socket directory without its socket) or out of
+    connections is waited out."""
     import importlib
+
+    from sqlalchemy import text
 
     from .pg_cluster import free_port
 
     url = tables.url
+    cases: list[tuple[Any, int]] = []
     if url.get_backend_name() == "sqlite":
-        wrong = url.set(database=str(tmp_path / "no-such-directory" / "db.sqlite3"))
-        down = None
+        cases.append((url.set(database=str(tmp_path / "no-such-directory" / "db.sqlite3")), 1))
     else:
-        wrong = url.set(database="no_such_database")
-        down = url.set(host="127.0.0.1", port=free_port())
-    cases = [(wrong, 1)] + ([(down, 130)] if down is not None else [])
+        role = f"full_{url.database}"[:60]
+        with tables.begin() as conn:  # a role out of connections ("too many connections")
+            conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0"))
+        cases += [
+            (url.set(database="no_such_database"), 1),
+            (url.set(host="127.0.0.1", port=free_port()), 130),
+            (url.set(host=str(tmp_path)), 130),  # (no server's socket there)
+            (url.set(username=role), 130),
+        ]
     for bad, expected in cases:
         monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", bad.render_as_string(hide_password=False))
         monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "v"))
@@ -403,7 +412,10 @@ def test_the_worker_service_stops_at_a_database_no_wait_mends(
             assert "trying again" not in err
             assert err.strip().splitlines()[-1].startswith("semantic-orm: database error:")
         else:
-            assert err.count("trying again") == 3 and "(3 failed in a row)" in err
+            assert err.count("trying again") == 3 and "(3 failed in a row)" in err, err
+    if url.get_backend_name() != "sqlite":
+        with tables.begin() as conn:
+            conn.execute(text(f"DROP ROLE {role}"))
 
 
 def test_the_worker_service_waits_out_any_database_error_once_a_pass_worked(

@@ -627,3 +627,20 @@ def test_tenants_attached_under_one_schema_name_are_two_databases(
             each.uninstall(each_factory)
         for engine in made:
             engine.dispose()
+
+
+def test_an_attached_schema_is_told_by_its_file_whatever_its_case(tmp_path: Path) -> None:
+    """SQLite's schema names know no case, and a database attached after the engine was asked
+    is seen (a connection of a pool that attaches on connect, the first one asked before)."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'main.sqlite3'}")
+    try:
+        with engine.connect() as conn:
+            main = database_of(conn, "tenant")
+            conn.exec_driver_sql(f"ATTACH DATABASE '{tmp_path / 'one.sqlite3'}' AS Tenant")
+            for name in ("tenant", "TENANT", "Tenant"):
+                found = database_of(conn, name)
+                assert found is not None and found != main
+                assert found[1].endswith("one.sqlite3"), found
+            assert database_of(conn, "main") == database_of(conn) == main
+    finally:
+        engine.dispose()

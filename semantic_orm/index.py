@@ -422,7 +422,13 @@ class SemanticIndex:
         """In a process forked from this one's (a server that loads the app before forking its
         workers): a token of its own (leases, and the release of a dead process's, go by
         pid), none of the parent's finished jobs, fresh write gates and a retrier of its own
-        (threads do not survive a fork; its locks are renewed by :mod:`semantic_orm.forking`)."""
+        (threads do not survive a fork; its locks are renewed by :mod:`semantic_orm.forking`),
+        and none of the parent's pooled connections on the engines it used (install's look at
+        the outbox, the retrier's passes): every process forked from one would otherwise talk
+        through the same driver connection, reading each other's results."""
+        for engine in list(self._remembered):
+            if not _shared_pool(engine):  # (a database in memory: the child's copy is its own)
+                engine.dispose(close=False)  # (not closed: they stay the parent's)
         self.token = _new_token()
         self.processor.forked(self.token)
         self._gates = weakref.WeakKeyDictionary()

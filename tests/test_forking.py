@@ -117,3 +117,59 @@ def test_a_forked_worker_commits_and_searches_while_its_parents_threads_held_the
     finally:
         idx.uninstall(factory)
         store.close()
+
+
+def test_a_worker_forked_after_install_never_uses_the_parents_connection(engine: Engine) -> None:
+    """gunicorn --preload with a careful app (nothing connected before the fork but the
+    index's install, which looks at the outbox): each forked worker connects on its own. With
+    the connection install left in the pool, every worker talked through the same driver
+    connection (one PostgreSQL backend, one SQLite handle), reading each other's results."""
+    from sqlalchemy import text
+
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    postgres = engine.dialect.name == "postgresql"
+    idx = SemanticIndex(
+        store=QdrantClientStore(location=":memory:"),
+        embedder=HashEmbedder(dimension=32),
+        mode="deferred",
+    )
+    factory = sessionmaker(engine, expire_on_commit=False)
+    idx.install(factory)  # (its connection goes back to the pool)
+    try:
+        pooled = [engine.connect() for _ in range(engine.pool.checkedin())]
+        assert pooled  # those very connections: mark them
+        parents = set()
+        for conn in pooled:
+            if postgres:
+                parents.add(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            else:
+                conn.exec_driver_sql("CREATE TEMP TABLE parents_own (x INTEGER)")
+                conn.commit()
+                parents.add(1)
+            conn.close()
+
+        def in_the_worker() -> list[int]:
+            with engine.connect() as conn:
+                if postgres:
+                    mine = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+                else:
+                    mine = conn.exec_driver_sql(
+                        "SELECT count(*) FROM temp.sqlite_master WHERE name = 'parents_own'"
+                    ).scalar_one()
+            with factory() as s:  # and the worker's own commit queues its job
+                s.add(Article(id=7, title="worker", content="a text about mountains"))
+                s.commit()
+            return [mine]
+
+        _, (found,) = in_a_forked_child(in_the_worker, timeout=30)
+        assert found not in parents
+        with engine.connect() as conn:  # the parent's connections are still its own, and work
+            if postgres:
+                assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() in parents
+            else:
+                assert conn.exec_driver_sql("SELECT count(*) FROM parents_own").scalar() == 0
+            assert conn.exec_driver_sql("SELECT count(*) FROM article").scalar() == 1
+    finally:
+        idx.uninstall(factory)
+        idx.close()

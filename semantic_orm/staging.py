@@ -577,7 +577,7 @@ class SessionTracker:
         _forget_written(session)
         if not isinstance(clauseelement, UpdateBase):
             return clauseelement, multiparams, params
-        table = getattr(clauseelement, "table", None)
+        table = _target(clauseelement)
         if table is None or not hasattr(table, "columns"):
             return clauseelement, multiparams, params
         semantic = [c for c in table.columns if isinstance(c.type, SemanticText)]
@@ -870,3 +870,15 @@ def _literal(value: Any) -> Any:
     if isinstance(value, ColumnElement):
         return None
     return value
+
+
+def _target(statement: UpdateBase) -> Any:
+    """The table ``statement`` writes. An ORM bulk ``insert(Sub)`` / ``update(Sub)`` of a
+    joined-inheritance subclass runs one statement per table, each still naming the subclass's
+    table as ``.table``: the table it really writes is in its annotations."""
+    notes = getattr(statement, "_annotations", None) or {}
+    for key in ("_emit_insert_table", "_emit_update_table"):
+        found = notes.get(key)
+        if found is not None:
+            return found
+    return getattr(statement, "table", None)

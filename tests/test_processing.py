@@ -307,6 +307,33 @@ def test_a_base_tables_column_first_seen_through_a_subclass_syncs_every_row(
     idx.uninstall(factory)
 
 
+def test_orm_bulk_statements_of_a_joined_subclass_reach_the_base_tables_column(
+    engine: Engine, store: Any
+) -> None:
+    """``session.execute(insert(Reply), [...])`` and ``update(Reply)`` run one statement per
+    table, each still naming the subclass's table: the base table's semantic column was never
+    queued (no job, no point, nothing for drain to find)."""
+    _Inherited.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.execute(
+            sa.insert(Reply),
+            [{"id": 1, "body": "a reply about tides"}, {"id": 2, "body": "a reply about snow"}],
+        )
+        s.commit()
+        s.execute(sa.update(Reply), [{"id": 2, "body": "a reply about volcanoes"}])
+        s.commit()
+    idx.drain(engine, timeout=10)
+    (report,) = reconcile(idx, Post, engine, process=False)
+    assert (report.rows, report.queued) == (2, 0)
+    with factory() as s:
+        for query, key in (("tides", 1), ("volcanoes", 2)):
+            assert [h.obj.id for h in Post.semantic_search(s, query, limit=1)] == [key]
+    idx.uninstall(factory)
+
+
 def test_rows_of_inherited_models_are_read_from_their_own_tables(
     engine: Engine, store: Any
 ) -> None:

@@ -405,6 +405,8 @@ class SessionTracker:
     def _semantic(
         objs: Iterable[Any],
     ) -> Iterable[tuple[InstanceState[Any], tuple[SemanticColumn, ...]]]:
+        """The states of ``objs`` (objects or their states) whose mappers have semantic
+        columns, with those columns."""
         for obj in objs:
             state = inspect(obj)
             columns = semantic_columns(state.mapper)
@@ -441,8 +443,15 @@ class SessionTracker:
         by_mapper: dict[Mapper[Any], list[JobKey]] = {}
         seen: set[SemanticColumn] = set()
         written: dict[JobKey, str | None] = {}
+        # what the flush deleted: ``session.deleted`` and the orphans a ``delete-orphan``
+        # cascade found during the flush (listed only in the flush's own states)
+        deleted = [
+            state
+            for state, (isdelete, listonly) in flush_context.states.items()
+            if isdelete and not listonly
+        ]
         # a deletion or a new primary key may cascade in the database to rows staged earlier
-        rewritten = bool(session.deleted)
+        rewritten = bool(deleted)
 
         def add(
             state: InstanceState[Any], col: SemanticColumn, key: str, value: Any = _UNKNOWN
@@ -469,7 +478,7 @@ class SessionTracker:
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     add(state, col, key, _written(state, col))
-        for state, columns in self._semantic(session.deleted):
+        for state, columns in self._semantic(deleted):
             key = row_key(_identity(state))
             for col in columns:
                 add(state, col, key)

@@ -360,6 +360,53 @@ def test_rows_of_inherited_models_are_read_from_their_own_tables(
     idx.uninstall(factory)
 
 
+class _Orphans(orm.DeclarativeBase):
+    pass
+
+
+class Shelf(_Orphans):
+    """A parent whose notes are deleted with it, and when taken out of its list."""
+
+    __tablename__ = "orphan_shelf"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notes: Mapped[list[ShelfNote]] = orm.relationship(cascade="all, delete-orphan")
+
+
+class ShelfNote(SemanticSearchMixin, _Orphans):
+    __tablename__ = "orphan_shelf_note"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    shelf_id: Mapped[int] = mapped_column(sa.ForeignKey("orphan_shelf.id"))
+    text: Mapped[str | None] = mapped_column(SemanticText())
+
+
+def test_rows_a_delete_orphan_cascade_deletes_lose_their_points(engine: Engine, store: Any) -> None:
+    """A ``delete-orphan`` cascade deletes, during the flush, a child taken out of its parent's
+    list (or left behind by replacing the list): such rows are not in ``session.deleted``, and
+    their points stayed in the index for good."""
+    _Orphans.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        shelf = Shelf(id=1, notes=[ShelfNote(id=i, text=f"note {i} on tides") for i in (1, 2, 3)])
+        s.add(shelf)
+        s.commit()
+        shelf.notes.remove(shelf.notes[0])  # note 1: an orphan
+        s.commit()
+        shelf.notes = [shelf.notes[0], ShelfNote(id=4, text="note 4 about snow")]  # 3 goes
+        s.commit()
+    idx.drain(engine, timeout=10)
+    coll = "orphan_shelf_note__text"
+    assert sorted({p.payload["pk"] for p in store.points(coll)}) == ["2", "4"]
+    assert assert_index_matches_database(engine, store, ShelfNote, "text", coll) == 2
+    with factory() as s:
+        s.delete(s.get(Shelf, 1))  # the ordinary cascade still does
+        s.commit()
+    idx.drain(engine, timeout=10)
+    assert store.count(coll) == 0
+    idx.uninstall(factory)
+
+
 def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: Any) -> None:
     idx = SemanticIndex(
         store=store, embedder=PoisonEmbedder(), mode="deferred", max_attempts=3, retry_base=0

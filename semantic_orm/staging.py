@@ -4,7 +4,8 @@
 ``Session``) and catches the three ways a session writes a ``SemanticText`` column (or one of
 the columns its ``filter_by`` carries into the vector payload):
 
-* **flushes** (``session.add``, attribute changes, ``session.delete``, primary-key changes):
+* **flushes** (``session.add``, attribute changes, ``session.delete`` and the orphans a
+  ``delete-orphan`` cascade deletes, primary-key changes):
   ``before_flush`` refuses values that cannot be indexed, naming the model and column;
   ``after_flush`` (primary keys exist by then) writes one job per changed semantic attribute,
   two when the primary key changed (the old key's points go, the new key's come);
@@ -13,7 +14,9 @@ the columns its ``filter_by`` carries into the vector payload):
   ``bulk_save_objects``, and anything sent through ``session.connection()``): a listener on
   each connection the session begins reads the rows a statement will touch before it runs (and
   the new primary keys an update assigns), or the keys an insert creates (from its parameters,
-  or ``RETURNING``), and writes their jobs after it ran. An insert whose new keys cannot be
+  or ``RETURNING``; an upsert that may update a row other than the one it names, with the
+  ``RETURNING`` of the keys it wrote, or with the rows holding its conflict target's values
+  read first), and writes their jobs after it ran. An insert whose new keys cannot be
   known (``from_select``, multi-row ``values()`` without keys) is refused before it runs;
 * nothing else: raw SQL, database cascades and other applications are invisible to a session.
   ``semantic-orm reconcile`` converges those (:func:`semantic_orm.maintenance.reconcile`).
@@ -48,13 +51,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
+    Column,
     CompoundSelect,
     Connection,
     Engine,
+    Index,
     Select,
     Table,
+    UniqueConstraint,
+    and_,
     event,
     inspect,
+    or_,
     select,
 )
 from sqlalchemy.orm import InstanceState, Mapper, Session, SessionTransaction, UOWTransaction
@@ -696,10 +704,24 @@ class _Plan:
         """Every key the statement touched (read before it, or returned by it)."""
         keys = list(self.before)
         if self.returned:
-            for row in result.inserted_primary_key_rows or []:
+            for row in _returned_keys(result, self.table):
                 if row is not None and all(v is not None for v in row):
                     keys.append(row_key(tuple(row)))
         return list(dict.fromkeys(keys))
+
+
+def _returned_keys(result: Any, table: Any) -> list[Any]:
+    """The primary keys of the rows an insert wrote, as its ``RETURNING`` gave them (an upsert
+    that updated another row returns that row's key, while ``inserted_primary_key`` repeats a
+    key given in the parameters)."""
+    pk_cols = list(table.primary_key.columns)
+    if result.context.executemany:
+        rows = result.returned_defaults_rows
+    else:
+        rows = [result.returned_defaults] if result.returned_defaults is not None else None
+    if rows and all(c in rows[0]._mapping for c in pk_cols):
+        return [tuple(row._mapping[c] for c in pk_cols) for row in rows]
+    return list(result.inserted_primary_key_rows or [])
 
 
 def _check_values(
@@ -859,17 +881,97 @@ def _plan_insert(
             keys.append(row_key(tuple(found)))
         else:
             known = False
+    returning = bool(getattr(stmt, "_returning", ())) or not conn.dialect.insert_returning
+    upsert = _upsert_clause(stmt, table)
+    if upsert is not None:  # it may update a row other than the one it names
+        if not returning:
+            returns = stmt.return_defaults(supplemental_cols=pk_cols)  # given keys too
+            return _Plan(returns, table, semantic, keys, returned=True)
+        keys.extend(_conflicting_keys(conn, upsert, table, pk_cols, rows, values))
     if known:
         return _Plan(stmt, table, semantic, keys)
     if getattr(stmt, "_return_defaults", False):  # the caller asked for the keys already
         return _Plan(stmt, table, semantic, [], returned=True)
-    if getattr(stmt, "_returning", ()) or not conn.dialect.insert_returning:
+    if returning:
         raise ConfigurationError(
             f"insert into {name}, which has SemanticText columns, without primary key values "
             "cannot be synced to the index (its new keys cannot be read back here): use "
             "session.add_all(), or pass the primary keys"
         )
     return _Plan(stmt.return_defaults(*pk_cols), table, semantic, [], returned=True)
+
+
+def _upsert_clause(stmt: Insert, table: Any) -> Any:
+    """The ``ON CONFLICT DO UPDATE`` (or MySQL ``ON DUPLICATE KEY UPDATE``) of an insert that
+    may update a row other than the one it names; ``None`` for a plain insert, ``DO NOTHING``
+    or a conflict on the primary key (the row it names)."""
+    clause = getattr(stmt, "_post_values_clause", None)
+    if not any(hasattr(clause, a) for a in ("update_values_to_set", "update")):
+        return None  # not an upsert, or DO NOTHING (MySQL's update clause is "update")
+    pk = {c.key for c in table.primary_key.columns}
+    elements = getattr(clause, "inferred_target_elements", None) or ()
+    if elements and {e if isinstance(e, str) else getattr(e, "key", None) for e in elements} == pk:
+        return None
+    named = getattr(clause, "constraint_target", None)
+    if named is not None and named == table.primary_key.name:
+        return None
+    return clause
+
+
+def _conflicting_keys(
+    conn: Connection,
+    clause: Any,
+    table: Any,
+    pk_cols: list[Any],
+    rows: list[Mapping[str, Any]],
+    values: Mapping[str, Any],
+) -> list[str]:
+    """The keys of the rows an upsert may update instead of inserting, read before it runs:
+    those matching its conflict target's columns, or any unique key the Table declares."""
+    name = table_name(table)
+    elements = getattr(clause, "inferred_target_elements", None)
+    named = getattr(clause, "constraint_target", None)
+    if elements:
+        targets = [list(elements)]
+    else:  # a named constraint, or none named (any unique key: MySQL, SQLite)
+        targets = [
+            list(c.columns)
+            for c in (*table.constraints, *table.indexes)
+            if (c.unique if isinstance(c, Index) else isinstance(c, UniqueConstraint))
+            and (named is None or c.name == named)
+        ]
+
+    def refuse(why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"an upsert into {name} cannot be synced to the semantic index: {why}, so the rows "
+            "it may update instead of inserting cannot be told (it has a returning() of its "
+            "own, or the database has no RETURNING for the index to add). Name the columns "
+            "with index_elements=, and give them plain values"
+        )
+
+    if named and not targets:
+        raise refuse(f"its Table declares no constraint {named!r}")
+    keyed = [
+        [c if isinstance(c, str) else c.key if isinstance(c, Column) else "" for c in t]
+        for t in targets
+    ]
+    if not all(k in table.c for t in keyed for k in t):
+        raise refuse("its conflict target is an expression")
+    found: list[str] = []
+    for r in rows:
+        matches = []
+        for t in keyed:
+            given = [r[k] if k in r else values.get(k) for k in t]
+            if any(isinstance(v, ColumnElement) and _literal(v) is None for v in given):
+                raise refuse(f"its {', '.join(t)} is an SQL expression")
+            if all(_literal(v) is not None for v in given):  # NULL conflicts with nothing
+                matches.append(
+                    and_(*(table.c[k] == _literal(v) for k, v in zip(t, given, strict=True)))
+                )
+        if matches:
+            query = select(*pk_cols).where(or_(*matches))
+            found.extend(row_key(tuple(row)) for row in conn.execute(query))
+    return found
 
 
 def _literal(value: Any) -> Any:

@@ -10,13 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy import Engine, String, delete, func, insert, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
-from sqlalchemy.orm import sessionmaker
 
 from semantic_orm import (
     ConfigurationError,
     SemanticIndex,
+    SemanticSearchMixin,
+    SemanticText,
     SemanticTypeError,
     SemanticValueError,
 )
@@ -392,3 +395,67 @@ def test_bad_values_in_statements_raise_library_errors(installed: Any) -> None:
         s.rollback()
     with factory.kw["bind"].begin() as conn, pytest.raises(SemanticValueError):  # no session
         conn.execute(insert(table).values(id=4, title="t", content="\ud800"))
+
+
+class _Upserts(DeclarativeBase):
+    pass
+
+
+class Keyed(SemanticSearchMixin, _Upserts):
+    """Rows an import job upserts by their natural key (``slug``), not their primary key."""
+
+    __tablename__ = "upserted_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    slug: Mapped[str] = mapped_column(String(20), unique=True)
+    body: Mapped[str | None] = mapped_column(SemanticText())
+
+
+def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, store: Any) -> None:
+    """``INSERT ... ON CONFLICT (slug) DO UPDATE`` naming a new primary key updates the row
+    that holds the slug: that row's key was never queued (its points kept the old text), the
+    named one was. With ``RETURNING`` added, or, where the caller asked for its own
+    ``returning()``, with the conflicting rows read first."""
+    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+    upsert = dialect_insert[engine.dialect.name]
+    _Upserts.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+
+    def on_slug(stmt: Any) -> Any:
+        return stmt.on_conflict_do_update(
+            index_elements=["slug"], set_={"body": stmt.excluded.body}
+        )
+
+    with factory() as s:
+        s.add_all(Keyed(id=i, slug=slug, body=f"{slug} about tides") for i, slug in enumerate("ab"))
+        s.commit()
+        s.execute(on_slug(upsert(Keyed).values(id=10, slug="a", body="a about volcanoes")))
+        s.execute(
+            on_slug(upsert(Keyed.__table__)),
+            [
+                {"id": 11, "slug": "b", "body": "b about snow"},
+                {"id": 12, "slug": "c", "body": "c about deserts"},
+            ],
+        )
+        s.commit()
+        stmt = on_slug(upsert(Keyed).values(id=13, slug="c", body="c about forests"))
+        assert s.scalar(stmt.returning(Keyed.id)) == 12  # the caller's RETURNING, untouched
+        s.execute(  # an ORM bulk upsert
+            on_slug(upsert(Keyed)), [{"id": 14, "slug": "a", "body": "a about glaciers"}]
+        )
+        s.execute(upsert(Keyed).values(id=15, slug="b", body="ignored").on_conflict_do_nothing())
+        s.commit()
+        lowered = upsert(Keyed).values(id=16, slug=func.lower("A"), body="a about nothing")
+        with pytest.raises(ConfigurationError, match="its slug is an SQL expression"):
+            s.execute(on_slug(lowered).returning(Keyed.id))  # the rows it updates: unknown
+        s.rollback()
+        s.execute(on_slug(lowered))  # without returning(), the index's RETURNING tells
+        s.commit()
+    idx.drain(engine, timeout=10)
+    coll = "upserted_doc__body"
+    assert assert_index_matches_database(engine, store, Keyed, "body", coll) == 3
+    with factory() as s:
+        for query, key in (("nothing", 0), ("snow", 1), ("forests", 12)):
+            assert [h.obj.id for h in Keyed.semantic_search(s, query, limit=1)] == [key]
+    idx.uninstall(factory)

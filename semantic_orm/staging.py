@@ -892,11 +892,19 @@ def _plan_insert(
         return _Plan(stmt, table, semantic, keys)
     if getattr(stmt, "_return_defaults", False):  # the caller asked for the keys already
         return _Plan(stmt, table, semantic, [], returned=True)
+    if getattr(stmt, "_returning", ()):
+        raise ConfigurationError(
+            f"insert into {name} without primary key values, with a returning() of its own, "
+            "cannot be synced to the semantic index: the index reads the new keys back with a "
+            "RETURNING of its own, which SQLAlchemy cannot add to a statement's returning(). "
+            "Leave returning() out and read the keys from the objects (session.add_all(), "
+            "session.flush(), then obj.id), or pass the primary keys"
+        )
     if returning:
         raise ConfigurationError(
-            f"insert into {name}, which has SemanticText columns, without primary key values "
-            "cannot be synced to the index (its new keys cannot be read back here): use "
-            "session.add_all(), or pass the primary keys"
+            f"insert into {name} without primary key values cannot be synced to the semantic "
+            f"index on {conn.dialect.name}, which has no INSERT ... RETURNING to read the new "
+            "keys back: use session.add_all(), or pass the primary keys"
         )
     return _Plan(stmt.return_defaults(*pk_cols), table, semantic, [], returned=True)
 

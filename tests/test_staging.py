@@ -368,6 +368,9 @@ def test_insert_with_values_and_a_primary_key_is_accepted(installed: Any) -> Non
             )
         )
         s.commit()
+        with pytest.raises(ConfigurationError, match=r"returning\(\) of its own.* obj.id"):
+            s.execute(insert(Article).values(title="t", content="x").returning(Article.title))
+        s.rollback()
         with pytest.raises(ConfigurationError, match="from a SELECT"):
             s.execute(
                 insert(Article).from_select(

@@ -543,7 +543,9 @@ def _rankings(
     keyword_max: float,
     opts: _Options,
 ) -> dict[str, _List]:
-    """The ranked lists the mode needs (a keyword query without terms has none)."""
+    """The ranked lists the mode needs. A query without keyword terms has an empty keyword
+    list: none in keyword mode; in hybrid mode an ended one, so that its scores are still
+    fused (no keyword evidence), on the scale of every other hybrid query's."""
     lists: dict[str, _List] = {}
     threshold = opts.score_threshold
     if threshold is not None:  # the store's float arithmetic may differ in the last digit
@@ -556,6 +558,8 @@ def _rankings(
         keyword_alone = opts.mode == "keyword" and threshold is not None
         alone = threshold * keyword_max if keyword_alone and threshold is not None else None
         lists["keyword"] = _List(Ranking(SPARSE_VECTOR, sparse, 1, threshold=alone))
+    elif opts.mode == "hybrid":
+        lists["keyword"] = _List(Ranking(SPARSE_VECTOR, SparseVector((), ()), 1), exhausted=True)
     return lists
 
 

@@ -274,6 +274,11 @@ def test_keyword_mode_matches_words_only_and_hybrid_is_the_default(
         # HashEmbedder cannot say what it reads (coverage 1): 0.4 * cosine + 0.6 * share
         fused = 0.4 * top["dense"] + 0.6 * top["keyword_share"]
         assert hybrid[0].score == top["fused"] == pytest.approx(fused, rel=1e-5)
+        # a hybrid query without keyword terms is fused all the same (no keyword evidence):
+        # its scores are on the scale of every other hybrid query's, not bare cosines
+        (none, *_) = Article.semantic_search(s, "the of and", limit=3)
+        assert none.score == none.scores["fused"] == pytest.approx(0.4 * none.scores["dense"])
+        assert "keyword" not in none.scores
         # keyword mode scores on the same scale; a threshold means the same in every mode
         alone = Article.semantic_search(s, "spring ZK-9041", mode="keyword")
         assert alone[0].score == pytest.approx(top["keyword_share"], rel=1e-5)

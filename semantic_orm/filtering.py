@@ -16,7 +16,10 @@ decimals too, by range). Anything else (a function, another table, two columns c
 
 SQL semantics are kept where they differ from a payload match: ``col != v`` and ``not_in`` do
 not match NULL in SQL, and a ``not_`` over a comparison does not match NULL either, so both
-compile with an explicit "is not null".
+compile with an explicit "is not null". A literal is read as SQL reads it
+(:meth:`FilterField.literal`): a string compared with an enum column is the string the column
+stores (a member's name, or its value under ``values_callable``); a literal the field cannot
+hold is left to SQL.
 """
 
 from __future__ import annotations
@@ -97,6 +100,35 @@ class FilterField:
         if self.kind == "datetime":
             return _iso(value)
         return str(value)
+
+    def literal(self, value: Any) -> Any:
+        """A ``where=`` value as the payload holds it, read as SQL reads it (not ``None``).
+
+        A string compared with an enum column is what SQL compares: the string the column
+        stores (a member's name, or its value under ``values_callable``). A value the field
+        cannot hold (a string no member stores, ``"abc"`` for an integer) is left to SQL,
+        which decides what it means there (no row, or an error).
+        """
+        members = _stored_members(self.column)
+        if members is not None and isinstance(value, str):
+            if value not in members:
+                raise _Unsupported(f"{self.name} == {value!r} (no member of its enum stores it)")
+            value = members[value]
+        try:
+            return self.encode(value)
+        except (TypeError, ValueError, OverflowError):
+            raise _Unsupported(f"{self.name} compared with {value!r}") from None
+
+
+def _stored_members(column: Column[Any]) -> dict[str, enum.Enum] | None:
+    """``{stored string: member}`` of an ``Enum(SomeEnum)`` column; ``None`` for another."""
+    typ = column.type
+    cls = getattr(typ, "enum_class", None)
+    stored = getattr(typ, "enums", None)
+    if cls is None or stored is None:
+        return None
+    members = [m for name, m in cls.__members__.items() if m.name == name]  # no aliases
+    return dict(zip(stored, members, strict=False))
 
 
 def _iso(value: Any) -> str:
@@ -347,7 +379,7 @@ def _compare(field: FilterField, op: Any, value: Any) -> Condition:
     if op in (operators.is_, operators.is_not) and isinstance(value, bool):
         if op is operators.is_:  # IS TRUE: false for NULL, like ==
             return _compare(field, operators.eq, value)
-        return Filter(must_not=(_match_any(field, [field.encode(value)]),))  # true for NULL
+        return Filter(must_not=(_match_any(field, [field.literal(value)]),))  # true for NULL
     if op is operators.is_ or (op is operators.eq and value is None):
         if value is not None:
             raise _Unsupported("IS")
@@ -357,14 +389,14 @@ def _compare(field: FilterField, op: Any, value: Any) -> Condition:
             raise _Unsupported("IS NOT")
         return _not_null(field)
     if op is operators.in_op or op is operators.not_in_op:
-        values = [field.encode(v) for v in value if v is not None]
+        values = [field.literal(v) for v in value if v is not None]
         if not values:
             raise _Unsupported("an empty IN")
         if op is operators.in_op:
             return _match_any(field, values)
         # SQL: x NOT IN (...) is not true for NULL x
         return Filter(must=(_not_null(field),), must_not=(_match_any(field, values),))
-    encoded = field.encode(value)
+    encoded = field.literal(value)
     if op is operators.eq:
         return _match_any(field, [encoded])
     if op is operators.ne:

@@ -8,6 +8,7 @@ both databases and both store adapters, and that the filter really ran in the st
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import itertools
 import random
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import Boolean, DateTime, Engine, Integer, String, and_, not_, or_, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -212,6 +214,76 @@ def test_where_outside_filter_by_falls_back_to_sql_and_says_so(
         assert "other" in str(
             next(w for w in caught if w.category is FilterFallbackWarning).message
         )
+
+
+class Stage(enum.Enum):
+    DRAFT = "draft"
+    LIVE = "live"
+    GONE = "gone"
+
+
+class _Enums(DeclarativeBase):
+    pass
+
+
+class Ticket(_Enums):
+    """Two enum filter columns: one stores members' names (SQLAlchemy's default), the other
+    their values (``values_callable``)."""
+
+    __tablename__ = "enum_ticket"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    by_name: Mapped[Stage] = mapped_column(sa.Enum(Stage, name="stage_name"))
+    by_value: Mapped[Stage] = mapped_column(
+        sa.Enum(Stage, name="stage_value", values_callable=lambda e: [m.value for m in e])
+    )
+    body: Mapped[str | None] = mapped_column(SemanticText(filter_by=("by_name", "by_value")))
+
+
+def test_enum_filters_match_what_sql_matches_for_members_and_strings(
+    engine: Engine, store: Any
+) -> None:
+    """``where=Ticket.by_value == "draft"`` is the string the column stores: SQL matched its
+    rows, the store (its payload holds members' names) matched none. A string no member stores
+    is left to SQL (no row on SQLite, an error for PostgreSQL's native enum)."""
+    _Enums.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(dimension=32), models=[Ticket])
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    fields = filter_fields(semantic_columns(Ticket.__mapper__)[0])
+    stages = list(Stage)
+    with factory() as s:
+        s.add_all(
+            Ticket(id=i, by_name=stages[i % 3], by_value=stages[i % 3], body=f"ticket {i} river")
+            for i in range(1, 13)
+        )
+        s.commit()
+        for where, in_store in (
+            (Ticket.by_name == Stage.DRAFT, True),
+            (Ticket.by_name == "DRAFT", True),
+            (Ticket.by_value == Stage.DRAFT, True),
+            (Ticket.by_value == "draft", True),
+            (Ticket.by_value != "live", True),
+            (Ticket.by_value.in_(["draft", "gone"]), True),
+            (Ticket.by_value.not_in(["gone"]), True),
+            (Ticket.by_value == "DRAFT", False),  # no member stores it: SQL says no row
+            (Ticket.by_name == "draft", False),
+        ):
+            flt, why = compile_where(where, fields)
+            assert (flt is not None) is in_store, why
+            if not in_store and engine.dialect.name == "postgresql":  # a native enum: refused
+                for run in (
+                    lambda w=where: s.scalars(select(Ticket.id).where(w)).all(),
+                    lambda w=where: semantic_search(s, Ticket, "river", where=w, mode="dense"),
+                ):
+                    with pytest.raises(sa.exc.DataError, match="invalid input value for enum"):
+                        run()
+                    s.rollback()
+                continue
+            want = set(s.scalars(select(Ticket.id).where(where)))
+            got = semantic_search(s, Ticket, "river", limit=20, where=where, mode="dense")
+            assert {h.obj.id for h in got} == want, str(where)
+            assert bool(want) is in_store  # each store-side form matches rows
+    idx.uninstall(factory)
 
 
 def test_filter_by_misdeclared_is_refused_naming_the_column() -> None:

@@ -958,6 +958,14 @@ def _many_plan(models: Sequence[type[Any]], options: Mapping[str, Any]) -> list[
             "semantic_search over several models embeds the query with each column's model: "
             "query_vector= is for one model"
         )
+    for name in ("where", "column"):
+        value = options.get(name)
+        stray = [k for k in value if k not in models] if isinstance(value, Mapping) else []
+        if stray:
+            raise ConfigurationError(
+                f"semantic_search {name}= names {', '.join(_model_name(k) for k in stray)}, not "
+                f"among the models searched ({', '.join(m.__name__ for m in models)})"
+            )
     plans = []
     for model in models:
         own = dict(options)
@@ -971,6 +979,10 @@ def _many_plan(models: Sequence[type[Any]], options: Mapping[str, Any]) -> list[
                 )
         plans.append(own)
     return plans
+
+
+def _model_name(key: Any) -> str:
+    return key.__name__ if isinstance(key, type) else repr(key)
 
 
 def _many_key(hit: SearchHit[Any], position: int) -> tuple[float, int, tuple[int, float, str], int]:

@@ -9,7 +9,7 @@ import pytest
 
 from semantic_orm import ConfigurationError, semantic_search
 
-from .models import Article, Note
+from .models import Article, Note, Translation
 
 ARTICLES = {
     1: "Rivers carve canyons over millions of years of slow erosion.",
@@ -76,5 +76,17 @@ def test_several_models_refuse_what_they_cannot_mean(both: Any) -> None:
             semantic_search(s, [Article, Note], "x", where=Article.id == 1, column={Note: "body"})
         with pytest.raises(ConfigurationError, match="same model"):
             semantic_search(s, [Article, Article], "x")
+        # criteria for a model not searched would be dropped unseen (a tenant filter on the
+        # wrong class filters nothing): refused, naming it
+        with pytest.raises(ConfigurationError, match=r"where= names Translation, not among"):
+            semantic_search(
+                s,
+                [Article, Note],
+                "x",
+                where={Translation: Translation.lang == "fr"},
+                column={Note: "body"},
+            )
+        with pytest.raises(ConfigurationError, match=r"column= names Translation"):
+            semantic_search(s, [Article, Note], "x", column={Note: "body", Translation: "text"})
         with pytest.raises(ConfigurationError, match="several SemanticText"):
             semantic_search(s, [Article, Note], "x")  # Note has two: which one

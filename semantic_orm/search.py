@@ -275,6 +275,10 @@ class _Options:
                 "semantic_search fusion must be a Fusion (ScoreFusion(), ReciprocalRankFusion()),"
                 f" got {type(f).__name__}"
             )
+        if self.index is not None and not isinstance(self.index, SemanticIndex):
+            raise ConfigurationError(
+                f"semantic_search index must be a SemanticIndex, got {type(self.index).__name__}"
+            )
         _chunk_types("chunk_types", self.chunk_types)
         _chunk_types("exclude_chunk_types", self.exclude_chunk_types)
         if self.dedupe not in (None, "section", "paragraph"):

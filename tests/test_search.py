@@ -342,6 +342,8 @@ def test_bad_mode_and_offset_are_refused(Session: sessionmaker[OrmSession]) -> N
             Article.semantic_search(s, "x", mode="fuzzy")  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="offset must be >= 0"):
             Article.semantic_search(s, "x", offset=-1)
+        with pytest.raises(ConfigurationError, match="index must be a SemanticIndex, got str"):
+            Article.semantic_search(s, "x", index="default")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "dense", "keyword"])

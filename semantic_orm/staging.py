@@ -451,13 +451,16 @@ class SessionTracker:
         by_mapper: dict[Mapper[Any], list[JobKey]] = {}
         seen: set[SemanticColumn] = set()
         written: dict[JobKey, str | None] = {}
-        # what the flush deleted: ``session.deleted`` and the orphans a ``delete-orphan``
+        # what the flush deleted: ``session.deleted`` (a row replaced by a new object of the
+        # same key too: the flush made it an UPDATE) and the orphans a ``delete-orphan``
         # cascade found during the flush (listed only in the flush's own states)
-        deleted = [
+        deleted: list[Any] = list(session.deleted)
+        known = {inspect(obj) for obj in deleted}
+        deleted.extend(
             state
             for state, (isdelete, listonly) in flush_context.states.items()
-            if isdelete and not listonly
-        ]
+            if isdelete and not listonly and state not in known
+        )
         # a deletion or a new primary key may cascade in the database to rows staged earlier
         rewritten = bool(deleted)
 

@@ -26,7 +26,9 @@ transaction that wrote them (the innermost savepoint, or the root), move outward
 savepoint is released, vanish when it rolls back, and are handed over after the root commits,
 once the transaction has ended and its connections are back in the pool. A session that joined
 a transaction it does not own (the test recipe that binds a session to an open connection) makes
-no durable commit: its jobs wait in the outbox for that transaction's fate. Where jobs are born
+no durable commit: its jobs wait in the outbox for that transaction's fate. On an
+``AUTOCOMMIT`` connection every write is durable at once: its jobs are ordinary pending ones,
+synced when the session's transaction ends, with a commit or without. Where jobs are born
 leased (SQLite, PostgreSQL), the finished jobs of this process's earlier commits and the jobs
 born earlier in the same transaction hold no row back from a birth; on SQLite a transaction
 that writes jobs also deletes, through its hooks, those finished jobs, and hands them back if
@@ -127,6 +129,9 @@ class Staged:
     trusted_until: float = math.inf
     """When the first birth lease behind :attr:`written` runs out (``time.monotonic()``), with
     a margin: past it another pass may sync these rows, and they are read back."""
+    autocommit: bool = False
+    """Written on an ``AUTOCOMMIT`` connection: durable at once, synced even if the session
+    rolls back."""
 
     def merge(self, other: Staged) -> None:
         """Add ``other``'s jobs (a released savepoint's: what it wrote comes last)."""
@@ -135,6 +140,7 @@ class Staged:
         self.born.extend(other.born)
         self.carried.extend(other.carried)
         self.returned.extend(other.returned)
+        self.autocommit = self.autocommit or other.autocommit
         self.note(other.keys, other.written, other.trusted_until)
 
     def undone(self) -> list[Job]:
@@ -252,6 +258,15 @@ def _identity(state: InstanceState[Any]) -> tuple[Any, ...]:
     if state.identity is not None:
         return tuple(state.identity)
     return tuple(state.mapper.primary_key_from_instance(state.obj()))
+
+
+def _autocommit(conn: Connection) -> bool:
+    """Whether each statement on ``conn`` commits at once (``isolation_level="AUTOCOMMIT"`` on
+    the engine or the connection)."""
+    check = getattr(conn, "_is_autocommit_isolation", None)  # SQLAlchemy 2's own test
+    if check is not None:
+        return bool(check())
+    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
 
 
 def _user_connection(session: Session, connection: Connection) -> bool:
@@ -391,6 +406,11 @@ class SessionTracker:
         staged = session.info.get(_STAGED)
         left = staged.pop(trans, None) if staged else None
         parent = _enclosing(trans) if trans.nested else None
+        root = trans.parent is None and not trans.nested
+        # what AUTOCOMMIT wrote stands: a root that ends without a commit still syncs it
+        standing = (
+            {e: p for e, p in (left or {}).items() if p.autocommit and p.keys} if root else {}
+        )
         for engine, part in (left or {}).items():  # not committed: its deletions are undone
             back = part.undone()
             if back and parent is not None and staged is not None:  # a savepoint: the root
@@ -398,13 +418,13 @@ class SessionTracker:
                 staged.setdefault(parent, {}).setdefault(engine, Staged()).returned.extend(back)
             elif back:
                 self.hooks.restore(engine, back)
-        if trans.parent is None and not trans.nested:
+        if root:
             kept = session.info.pop(_KEPT, None) is trans
             if session.info.pop(_CLAIMED, None) is trans:
                 self.hooks.ended(trans, kept)
             for engine, (conn, joined) in session.info.pop(_CONNECTIONS, {}).items():
                 self.hooks.end(engine, conn, joined)
-            for engine, part in session.info.pop(_COMMITTED, {}).items():
+            for engine, part in {**standing, **session.info.pop(_COMMITTED, {})}.items():
                 self.hooks.on_commit(engine, part)
 
     # -- flushes -----------------------------------------------------------------------------
@@ -528,10 +548,15 @@ class SessionTracker:
         if owner is None:  # pragma: no cover - a flush always runs in a transaction
             return
         conns: dict[Engine, tuple[Connection, bool]] = session.info.get(_CONNECTIONS, {})
-        joined = conns.get(conn.engine, (None, False))[1]
-        token = None if joined else self.hooks.born_leased(conn)
-        hold = 0.0 if joined else self.hooks.hold(conn)
+        # jobs of a transaction the session does not own, or written in AUTOCOMMIT (durable
+        # at once, whatever the session does next), are ordinary pending jobs: a rollback
+        # leaves them, leased to no one, for the next pass
+        autocommit = _autocommit(conn)
+        plain = conns.get(conn.engine, (None, False))[1] or autocommit
+        token = None if plain else self.hooks.born_leased(conn)
+        hold = 0.0 if plain else self.hooks.hold(conn)
         part = _staged(session).setdefault(owner, {}).setdefault(conn.engine, Staged())
+        part.autocommit = part.autocommit or autocommit
         if token is not None:  # earlier commits' finished jobs go too (given back on a rollback,
             # this flush's failure included: they are the transaction's from here)
             carried, lost = self.hooks.carry(conn)
@@ -545,7 +570,7 @@ class SessionTracker:
             lease=self.hooks.lease,
             hold=hold,
             ours=self._ours(session, conn, keys) if token is not None else (),
-            returning=bool(token or hold),  # ids only matter to an inline sync
+            returning=bool(token or hold or autocommit),  # ids only matter to an inline sync
         )
         part.keys.update(keys)
         # the birth leases end ``lease`` s from their birth: trust what the flush wrote for half

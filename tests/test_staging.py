@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import Engine, String, delete, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -34,7 +35,7 @@ from .helpers import (
     points_of,
     settled,
 )
-from .models import Article, Note, Plain, Translation
+from .models import Article, Base, Note, Plain, Translation
 
 
 def test_nothing_reaches_the_store_before_commit(
@@ -138,6 +139,34 @@ def test_rollback_sends_nothing(
         s.commit()
     assert index.store.count(COLL) == 0
     assert settled(engine) == []
+
+
+def test_what_autocommit_wrote_is_synced_even_when_the_session_rolls_back(
+    engine: Engine, store: Any
+) -> None:
+    """On an ``isolation_level="AUTOCOMMIT"`` engine each flush is durable at once: a session
+    that rolls back, or closes without a commit, leaves its rows in SQL. Their jobs were born
+    leased to the index and waited out the lease (5 minutes on SQLite) before any sync."""
+    eager = sa.create_engine(engine.url, isolation_level="AUTOCOMMIT")  # (no BEGIN recipe)
+    Base.metadata.create_all(eager)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(eager)
+    idx.install(factory)
+    try:
+        with factory() as s:
+            s.add(Article(id=1, title="t", content="rivers, flushed then rolled back"))
+            s.flush()
+            s.rollback()
+            s.add(Article(id=2, title="t", content="lakes, committed"))
+            s.commit()
+        with factory() as s:
+            s.add(Article(id=3, title="t", content="seas, flushed, never committed"))
+            s.flush()
+        assert settled(eager) == []  # synced at once, none waits for a lease
+        assert assert_index_matches_database(eager, store) == 3
+    finally:
+        idx.uninstall(factory)
+        eager.dispose()
 
 
 def test_exception_inside_begin_sends_nothing(

@@ -94,7 +94,6 @@ from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
-from .applying import text_hash
 from .binding import ColumnBinding
 from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
@@ -612,15 +611,11 @@ def _coverage(embedder: Any, query: str) -> float:
 
 
 def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
-    """The chunk a candidate names, cut from the row's current text; ``None`` if stale (the
-    row changed after this point was written: its offsets overrun the text, or its passage is
-    not the one its vectors were made of; the row's sync is pending)."""
+    """The chunk a candidate names, cut from the row's current text; ``None`` if stale."""
     p = cand.payload
     if p.end_offset > len(text):
-        return None
+        return None  # the row changed after this point was written; its sync is pending
     piece = text[p.start_offset : p.end_offset]
-    if p.chunk_hash and text_hash(piece) != p.chunk_hash:
-        return None
     chunk = Chunk(
         text=piece,
         index=p.chunk_index,

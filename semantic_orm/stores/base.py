@@ -135,9 +135,8 @@ class PointPayload:
     may hold any character; the others are hexadecimal)."""
     META_KEY = "meta"
     FIELDS_KEY = "f"
-    SEARCH_KEYS = (PK_KEY, CHUNK_INDEX_KEY, START_KEY, END_KEY, TOTAL_KEY, DIGESTS_KEY, META_KEY)
-    """The keys a search reads of each hit (:attr:`SearchRequest.payload`): the chunk's digest
-    tells a point whose row changed since it was written."""
+    SEARCH_KEYS = (PK_KEY, CHUNK_INDEX_KEY, START_KEY, END_KEY, TOTAL_KEY, META_KEY)
+    """The keys a search reads of each hit (:attr:`SearchRequest.payload`)."""
     _LEGACY_DIGEST_KEYS = ("hash", "row", "cfg", "kw")
     """Where payloads written before :attr:`DIGESTS_KEY` keep the same four values."""
 

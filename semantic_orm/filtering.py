@@ -110,10 +110,11 @@ class FilterField:
         which decides what it means there (no row, or an error).
         """
         members = _stored_members(self.column)
-        if members is not None and isinstance(value, str):
-            if value not in members:
+        if members is not None and isinstance(value, str) and not isinstance(value, enum.Enum):
+            sent = _bound_enum(self.column, value)  # what SQLAlchemy sends for it
+            if sent not in members:
                 raise _Unsupported(f"{self.name} == {value!r} (no member of its enum stores it)")
-            value = members[value]
+            value = members[sent]
         try:
             return self.encode(value)
         except (TypeError, ValueError, OverflowError):
@@ -127,8 +128,21 @@ def _stored_members(column: Column[Any]) -> dict[str, enum.Enum] | None:
     stored = getattr(typ, "enums", None)
     if cls is None or stored is None:
         return None
-    members = [m for name, m in cls.__members__.items() if m.name == name]  # no aliases
+    omit = getattr(typ, "_omit_aliases", True)  # as SQLAlchemy lines them up
+    members = [m for name, m in cls.__members__.items() if not omit or m.name == name]
     return dict(zip(stored, members, strict=False))
+
+
+def _bound_enum(column: Column[Any], value: str) -> Any:
+    """The string SQLAlchemy's ``Enum`` type sends for ``value`` (a ``StrEnum``'s member
+    value is its member; another string is sent as it is, or refused)."""
+    lookup = getattr(column.type, "_db_value_for_elem", None)  # SQLAlchemy's own reading
+    if lookup is None:
+        return value
+    try:
+        return lookup(value)
+    except LookupError:  # validate_strings=True: SQL refuses it too
+        raise _Unsupported(f"{value!r} (not a value of the enum)") from None
 
 
 def _iso(value: Any) -> str:

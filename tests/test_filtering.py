@@ -222,6 +222,13 @@ class Stage(enum.Enum):
     GONE = "gone"
 
 
+class Mood(enum.StrEnum):
+    """Members that are strings themselves."""
+
+    CALM = "calm"
+    STORMY = "stormy"
+
+
 class _Enums(DeclarativeBase):
     pass
 
@@ -236,7 +243,10 @@ class Ticket(_Enums):
     by_value: Mapped[Stage] = mapped_column(
         sa.Enum(Stage, name="stage_value", values_callable=lambda e: [m.value for m in e])
     )
-    body: Mapped[str | None] = mapped_column(SemanticText(filter_by=("by_name", "by_value")))
+    mood: Mapped[Mood] = mapped_column(sa.Enum(Mood, name="ticket_mood"))
+    body: Mapped[str | None] = mapped_column(
+        SemanticText(filter_by=("by_name", "by_value", "mood"))
+    )
 
 
 def test_enum_filters_match_what_sql_matches_for_members_and_strings(
@@ -253,7 +263,13 @@ def test_enum_filters_match_what_sql_matches_for_members_and_strings(
     stages = list(Stage)
     with factory() as s:
         s.add_all(
-            Ticket(id=i, by_name=stages[i % 3], by_value=stages[i % 3], body=f"ticket {i} river")
+            Ticket(
+                id=i,
+                by_name=stages[i % 3],
+                by_value=stages[i % 3],
+                mood=list(Mood)[i % 2],
+                body=f"ticket {i} river",
+            )
             for i in range(1, 13)
         )
         s.commit()
@@ -265,6 +281,9 @@ def test_enum_filters_match_what_sql_matches_for_members_and_strings(
             (Ticket.by_value != "live", True),
             (Ticket.by_value.in_(["draft", "gone"]), True),
             (Ticket.by_value.not_in(["gone"]), True),
+            (Ticket.mood == Mood.CALM, True),  # a member that is a string too
+            (Ticket.mood.in_([Mood.STORMY]), True),
+            (Ticket.mood == "calm", True),  # SQLAlchemy reads it as the member
             (Ticket.by_value == "DRAFT", False),  # no member stores it: SQL says no row
             (Ticket.by_name == "draft", False),
         ):

@@ -14,9 +14,9 @@ the columns its ``filter_by`` carries into the vector payload):
   ``bulk_save_objects``, and anything sent through ``session.connection()``): a listener on
   each connection the session begins reads the rows a statement will touch before it runs (and
   the new primary keys an update assigns), or the keys an insert creates (from its parameters,
-  or ``RETURNING``; an upsert that may update a row other than the one it names, with the
-  ``RETURNING`` of the keys it wrote, or with the rows holding its conflict target's values
-  read first), and writes their jobs after it ran. An insert whose new keys cannot be
+  or ``RETURNING``; an upsert, which may update a row other than the one it names, with the
+  rows holding its conflict's values read first, and a one-row one's ``RETURNING``), and
+  writes their jobs after it ran. An insert whose new keys cannot be
   known (``from_select``, multi-row ``values()`` without keys) is refused before it runs;
 * nothing else: raw SQL, database cascades and other applications are invisible to a session.
   ``semantic-orm reconcile`` converges those (:func:`semantic_orm.maintenance.reconcile`).
@@ -58,6 +58,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Index,
+    PrimaryKeyConstraint,
     Select,
     Table,
     UniqueConstraint,
@@ -883,8 +884,8 @@ def _plan_insert(
             "session.execute(insert(...), [rows]), or run semantic-orm reconcile afterwards"
         )
     if getattr(stmt, "_multi_values", None):
-        keyed = [
-            {getattr(k, "key", k): v for k, v in p.items()}
+        keyed: list[dict[str, Any]] = [
+            {str(getattr(k, "key", k)): v for k, v in p.items()}
             if isinstance(p, Mapping)
             else {c.key: v for c, v in zip(table.columns, p, strict=False)}
             for group in stmt._multi_values
@@ -892,6 +893,9 @@ def _plan_insert(
         ]
         if all(all(_literal(r.get(c.key)) is not None for c in pk_cols) for r in keyed):
             given = [row_key(tuple(_literal(r[c.key]) for c in pk_cols)) for r in keyed]
+            upsert = _upsert_clause(stmt)
+            if upsert is not None:
+                given.extend(_upsert_keys(conn, upsert, table, pk_cols, keyed, {}, False))
             return _Plan(stmt, table, semantic, given)
         raise ConfigurationError(
             f"insert into {name} with a multi-row values() and no primary keys cannot be synced "
@@ -910,12 +914,16 @@ def _plan_insert(
         else:
             known = False
     returning = bool(getattr(stmt, "_returning", ())) or not conn.dialect.insert_returning
-    upsert = _upsert_clause(stmt, table)
-    if upsert is not None:  # it may update a row other than the one it names
-        if not returning:
+    upsert = _upsert_clause(stmt)
+    if upsert is not None:
+        # one row, and RETURNING free: the keys it wrote come back too (a row a concurrent
+        # transaction inserted after the read below included); several rows stay one
+        # statement each (in one multi-row statement, two rows updating one row would fail)
+        tells = known and len(rows) <= 1 and not returning
+        keys.extend(_upsert_keys(conn, upsert, table, pk_cols, rows, values, tells))
+        if tells:
             returns = stmt.return_defaults(supplemental_cols=pk_cols)  # given keys too
             return _Plan(returns, table, semantic, keys, returned=True)
-        keys.extend(_conflicting_keys(conn, upsert, table, pk_cols, rows, values))
     if known:
         return _Plan(stmt, table, semantic, keys)
     if getattr(stmt, "_return_defaults", False):  # the caller asked for the keys already
@@ -937,77 +945,157 @@ def _plan_insert(
     return _Plan(stmt.return_defaults(*pk_cols), table, semantic, [], returned=True)
 
 
-def _upsert_clause(stmt: Insert, table: Any) -> Any:
-    """The ``ON CONFLICT DO UPDATE`` (or MySQL ``ON DUPLICATE KEY UPDATE``) of an insert that
-    may update a row other than the one it names; ``None`` for a plain insert, ``DO NOTHING``
-    or a conflict on the primary key (the row it names)."""
+def _upsert_clause(stmt: Insert) -> Any:
+    """The ``ON CONFLICT DO UPDATE`` (or MySQL ``ON DUPLICATE KEY UPDATE``) of an insert;
+    ``None`` for a plain insert or ``DO NOTHING`` (which writes only the rows it names)."""
     clause = getattr(stmt, "_post_values_clause", None)
     if not any(hasattr(clause, a) for a in ("update_values_to_set", "update")):
-        return None  # not an upsert, or DO NOTHING (MySQL's update clause is "update")
-    pk = {c.key for c in table.primary_key.columns}
-    elements = getattr(clause, "inferred_target_elements", None) or ()
-    if elements and {e if isinstance(e, str) else getattr(e, "key", None) for e in elements} == pk:
-        return None
-    named = getattr(clause, "constraint_target", None)
-    if named is not None and named == table.primary_key.name:
-        return None
+        return None  # (MySQL's update clause is "update")
     return clause
 
 
-def _conflicting_keys(
+def _upsert_keys(
     conn: Connection,
     clause: Any,
     table: Any,
     pk_cols: list[Any],
-    rows: list[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
     values: Mapping[str, Any],
+    returned: bool,
 ) -> list[str]:
-    """The keys of the rows an upsert may update instead of inserting, read before it runs:
-    those matching its conflict target's columns, or any unique key the Table declares."""
-    name = table_name(table)
+    """The keys of the existing rows an upsert may update instead of inserting the ones it
+    names (on a conflict over another unique key than the primary key, or with a ``set_``
+    that moves the primary key), read before it runs.
+
+    ``returned``: the statement will also return the keys it wrote, which is enough unless the
+    primary key moves. Refuses an upsert whose rows cannot be told otherwise.
+    """
+    pk = {c.key for c in pk_cols}
+    moves = bool(pk & _set_keys(clause))
+    targets = _conflict_targets(conn, clause, table)
+    if targets is not None and not moves and all(set(t) == pk for t in targets):
+        return []  # a conflict on the primary key: the row it names
+    if returned and not moves:
+        return []
+    found = _conflicting_keys(conn, table, pk_cols, targets, rows, values) if targets else None
+    if found is None:
+        raise ConfigurationError(
+            f"an upsert into {table_name(table)} cannot be synced to the semantic index: the "
+            "rows it may update instead of inserting cannot be told before it runs (its "
+            "conflict target is an expression or a constraint neither its Table nor the "
+            "database names, or a value of it is an SQL expression or a server default), and "
+            "it cannot return them (several rows, a returning() of its own, or an update that "
+            "moves the primary key). Name the conflict's columns with index_elements= and give "
+            "them plain values"
+        )
+    return found
+
+
+def _set_keys(clause: Any) -> set[str]:
+    """The column keys an upsert's update part assigns."""
+    raw = getattr(clause, "update_values_to_set", None)
+    if raw is None:
+        raw = getattr(clause, "update", None) or {}
+    items = raw.items() if isinstance(raw, Mapping) else raw
+    return {k if isinstance(k, str) else str(getattr(k, "key", k)) for k, _ in items}
+
+
+def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[str]] | None:
+    """The column keys of each unique key an upsert's conflict may be on; ``None`` when one
+    cannot be told (an expression index, a constraint name found nowhere). A named constraint
+    the Table does not declare is looked up in the database; without a target (MySQL, a bare
+    SQLite ``ON CONFLICT``), every unique key the Table or the database declares."""
     elements = getattr(clause, "inferred_target_elements", None)
     named = getattr(clause, "constraint_target", None)
     if elements:
-        targets = [list(elements)]
-    else:  # a named constraint, or none named (any unique key: MySQL, SQLite)
-        targets = [
-            list(c.columns)
-            for c in (*table.constraints, *table.indexes)
-            if (c.unique if isinstance(c, Index) else isinstance(c, UniqueConstraint))
-            and (named is None or c.name == named)
+        keys = [
+            e if isinstance(e, str) else e.key if isinstance(e, Column) else "" for e in elements
         ]
-
-    def refuse(why: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"an upsert into {name} cannot be synced to the semantic index: {why}, so the rows "
-            "it may update instead of inserting cannot be told (it has a returning() of its "
-            "own, or the database has no RETURNING for the index to add). Name the columns "
-            "with index_elements=, and give them plain values"
-        )
-
-    if named and not targets:
-        raise refuse(f"its Table declares no constraint {named!r}")
-    keyed = [
-        [c if isinstance(c, str) else c.key if isinstance(c, Column) else "" for c in t]
-        for t in targets
+        return [keys] if all(k in table.c for k in keys) else None
+    declared: list[tuple[str | None, list[str]]] = [
+        (None if c.name is None else str(c.name), [col.key for col in c.columns])
+        for c in (table.primary_key, *table.constraints, *table.indexes)
+        if isinstance(c, (PrimaryKeyConstraint, UniqueConstraint))
+        or (isinstance(c, Index) and c.unique)
     ]
-    if not all(k in table.c for t in keyed for k in t):
-        raise refuse("its conflict target is an expression")
+    if named is not None:
+        for name, keys in declared:
+            if name == named:
+                return [keys]
+    reflected = _unique_keys(conn, table)
+    if named is not None:
+        found = [keys for name, keys in reflected if name == named]
+        return found if found and all(k in table.c for k in found[0]) else None
+    every = [keys for _, keys in (*declared, *reflected) if keys]
+    return every if all(k in table.c for keys in every for k in keys) else None
+
+
+def _unique_keys(conn: Connection, table: Any) -> list[tuple[str | None, list[str]]]:
+    """The database's unique keys of ``table``: name and column names (by key where a column's
+    name differs; an expression's part as ``""``)."""
+    by_name = {c.name: c.key for c in table.columns}
+    inspector = inspect(conn)
+    schema = table.schema
+    out: list[tuple[str | None, list[str]]] = []
+    try:
+        pk = inspector.get_pk_constraint(table.name, schema=schema)
+        out.append((pk.get("name"), list(pk.get("constrained_columns") or ())))
+        for u in inspector.get_unique_constraints(table.name, schema=schema):
+            out.append((u.get("name"), list(u.get("column_names") or ())))
+        for i in inspector.get_indexes(table.name, schema=schema):
+            if i.get("unique"):
+                out.append((i.get("name"), [c or "" for c in i.get("column_names") or ()]))
+    except NotImplementedError:  # a dialect that cannot say
+        pass
+    return [(name, [by_name.get(c, "") for c in cols]) for name, cols in out]
+
+
+def _conflicting_keys(
+    conn: Connection,
+    table: Any,
+    pk_cols: list[Any],
+    targets: list[list[str]],
+    rows: Sequence[Mapping[str, Any]],
+    values: Mapping[str, Any],
+) -> list[str] | None:
+    """The keys of the rows holding, on some unique key in ``targets``, the values an upsert
+    gives (its rows, or the ``values()``); ``None`` when a value cannot be known before it
+    runs. A column it leaves out takes its default (a server-side or computed one matches any
+    value: more rows are read, never fewer; NULL conflicts with nothing)."""
     found: list[str] = []
     for r in rows:
         matches = []
-        for t in keyed:
-            given = [r[k] if k in r else values.get(k) for k in t]
-            if any(isinstance(v, ColumnElement) and _literal(v) is None for v in given):
-                raise refuse(f"its {', '.join(t)} is an SQL expression")
-            if all(_literal(v) is not None for v in given):  # NULL conflicts with nothing
-                matches.append(
-                    and_(*(table.c[k] == _literal(v) for k, v in zip(t, given, strict=True)))
-                )
+        for t in targets:
+            terms = []
+            for k in t:
+                col = table.c[k]
+                value = r[k] if k in r else values.get(k, _DEFAULT)
+                if value is _DEFAULT:
+                    default = col.default
+                    if default is not None and getattr(default, "is_scalar", False):
+                        value = default.arg
+                    elif default is None and col.server_default is None:
+                        value = None
+                    else:
+                        continue  # known only once it runs: any value
+                elif isinstance(value, ColumnElement):
+                    if _literal(value) is None:
+                        return None
+                    value = _literal(value)
+                if value is None:
+                    break  # NULL conflicts with nothing
+                terms.append(col == value)
+            else:
+                if not terms:
+                    return None  # nothing known of this key: every row
+                matches.append(and_(*terms))
         if matches:
             query = select(*pk_cols).where(or_(*matches))
             found.extend(row_key(tuple(row)) for row in conn.execute(query))
     return found
+
+
+_DEFAULT = object()
 
 
 def _literal(value: Any) -> Any:

@@ -437,16 +437,18 @@ class Keyed(SemanticSearchMixin, _Upserts):
     """Rows an import job upserts by their natural key (``slug``), not their primary key."""
 
     __tablename__ = "upserted_doc"
+    __table_args__ = (sa.UniqueConstraint("lang", "slug"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     slug: Mapped[str] = mapped_column(String(20), unique=True)
+    lang: Mapped[str] = mapped_column(String(8), default="en")
     body: Mapped[str | None] = mapped_column(SemanticText())
 
 
 def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, store: Any) -> None:
     """``INSERT ... ON CONFLICT (slug) DO UPDATE`` naming a new primary key updates the row
     that holds the slug: that row's key was never queued (its points kept the old text), the
-    named one was. With ``RETURNING`` added, or, where the caller asked for its own
-    ``returning()``, with the conflicting rows read first."""
+    named one was. The rows holding the values of the conflict's columns are read first (a
+    column left out takes its default), and a one-row upsert returns the keys it wrote."""
     dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
     upsert = dialect_insert[engine.dialect.name]
     _Upserts.metadata.create_all(engine)
@@ -479,15 +481,41 @@ def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, sto
         s.execute(upsert(Keyed).values(id=15, slug="b", body="ignored").on_conflict_do_nothing())
         s.commit()
         lowered = upsert(Keyed).values(id=16, slug=func.lower("A"), body="a about nothing")
-        with pytest.raises(ConfigurationError, match="its slug is an SQL expression"):
+        with pytest.raises(ConfigurationError, match="cannot be told before it runs"):
             s.execute(on_slug(lowered).returning(Keyed.id))  # the rows it updates: unknown
         s.rollback()
         s.execute(on_slug(lowered))  # without returning(), the index's RETURNING tells
         s.commit()
+        s.execute(  # two rows updating one: each its own statement, as without the index
+            on_slug(upsert(Keyed)),
+            [
+                {"id": 20, "slug": "b", "body": "b about storms"},
+                {"id": 21, "slug": "b", "body": "b about hail"},
+            ],
+        )
+        moved = upsert(Keyed).values(id=30, slug="c", body="c about reefs")
+        s.execute(  # the update moves the row to the key the insert named: 12 becomes 30
+            moved.on_conflict_do_update(
+                index_elements=["slug"], set_={"id": moved.excluded.id, "body": "c about reefs"}
+            )
+        )
+        both = upsert(Keyed).values(id=40, slug="a", body="a about moss")  # lang: its default
+        both = both.on_conflict_do_update(
+            index_elements=["lang", "slug"], set_={"body": both.excluded.body}
+        )
+        assert s.scalar(both.returning(Keyed.id)) == 0
+        if engine.dialect.name == "postgresql":  # a constraint only the database names
+            named = upsert(Keyed).values(id=50, slug="b", body="b about dew")
+            named = named.on_conflict_do_update(
+                constraint="upserted_doc_slug_key", set_={"body": named.excluded.body}
+            )
+            assert s.scalar(named.returning(Keyed.id)) == 1
+        s.commit()
     idx.drain(engine, timeout=10)
     coll = "upserted_doc__body"
     assert assert_index_matches_database(engine, store, Keyed, "body", coll) == 3
+    last = "dew" if engine.dialect.name == "postgresql" else "hail"
     with factory() as s:
-        for query, key in (("nothing", 0), ("snow", 1), ("forests", 12)):
+        for query, key in (("moss", 0), (last, 1), ("reefs", 30)):
             assert [h.obj.id for h in Keyed.semantic_search(s, query, limit=1)] == [key]
     idx.uninstall(factory)

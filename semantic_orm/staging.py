@@ -895,7 +895,7 @@ def _plan_insert(
             given = [row_key(tuple(_literal(r[c.key]) for c in pk_cols)) for r in keyed]
             upsert = _upsert_clause(stmt)
             if upsert is not None:
-                given.extend(_upsert_keys(conn, upsert, table, pk_cols, keyed, {}, False))
+                given.extend(_upsert_keys(conn, upsert, table, pk_cols, keyed, {}, False) or ())
             return _Plan(stmt, table, semantic, given)
         raise ConfigurationError(
             f"insert into {name} with a multi-row values() and no primary keys cannot be synced "
@@ -920,8 +920,9 @@ def _plan_insert(
         # transaction inserted after the read below included); several rows stay one
         # statement each (in one multi-row statement, two rows updating one row would fail)
         tells = known and len(rows) <= 1 and not returning
-        keys.extend(_upsert_keys(conn, upsert, table, pk_cols, rows, values, tells))
-        if tells:
+        others = _upsert_keys(conn, upsert, table, pk_cols, rows, values, tells)
+        keys.extend(others or ())
+        if tells and others is not None:
             returns = stmt.return_defaults(supplemental_cols=pk_cols)  # given keys too
             return _Plan(returns, table, semantic, keys, returned=True)
     if known:
@@ -962,19 +963,20 @@ def _upsert_keys(
     rows: Sequence[Mapping[str, Any]],
     values: Mapping[str, Any],
     returned: bool,
-) -> list[str]:
+) -> list[str] | None:
     """The keys of the existing rows an upsert may update instead of inserting the ones it
     names (on a conflict over another unique key than the primary key, or with a ``set_``
-    that moves the primary key), read before it runs.
+    that moves the primary key), read before it runs; ``None`` when it writes only the rows
+    it names (a conflict on the primary key).
 
-    ``returned``: the statement will also return the keys it wrote, which is enough unless the
+    ``returned``: the statement can return the keys it wrote, which is enough unless the
     primary key moves. Refuses an upsert whose rows cannot be told otherwise.
     """
     pk = {c.key for c in pk_cols}
     moves = bool(pk & _set_keys(clause))
     targets = _conflict_targets(conn, clause, table)
     if targets is not None and not moves and all(set(t) == pk for t in targets):
-        return []  # a conflict on the primary key: the row it names
+        return None
     if returned and not moves:
         return []
     found = _conflicting_keys(conn, table, pk_cols, targets, rows, values) if targets else None

@@ -464,6 +464,11 @@ def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, sto
     with factory() as s:
         s.add_all(Keyed(id=i, slug=slug, body=f"{slug} about tides") for i, slug in enumerate("ab"))
         s.commit()
+        by_key = upsert(Keyed).values(id=1, slug="b", body="b about fog")
+        by_key = by_key.on_conflict_do_update(
+            index_elements=["id"], set_={"body": by_key.excluded.body}
+        )
+        assert not s.execute(by_key).returns_rows  # on its primary key: sent as written
         s.execute(on_slug(upsert(Keyed).values(id=10, slug="a", body="a about volcanoes")))
         s.execute(
             on_slug(upsert(Keyed.__table__)),

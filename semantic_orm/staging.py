@@ -599,8 +599,15 @@ class SessionTracker:
     def _session_of(self, conn: Connection) -> Session | None:
         ref = self._sessions.get(conn)
         session = ref() if ref is not None else None
-        if session is None or session.info.get(_FLUSHING):
+        if session is None:
             return None
+        if session.info.get(_FLUSHING):
+            # the flush's own statements: staged by after_flush. A flush that ended without
+            # after_flush_postexec (a before_flush listener raised, or it found no work) left
+            # the mark behind: SQLAlchemy's own flag says whether a flush is running
+            if getattr(session, "_flushing", True):
+                return None
+            session.info.pop(_FLUSHING, None)
         return session
 
     def before_execute(

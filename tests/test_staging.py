@@ -410,6 +410,25 @@ def test_insert_with_values_and_a_primary_key_is_accepted(installed: Any) -> Non
     assert assert_index_matches_database(factory.kw["bind"], idx.store) == 4
 
 
+def test_statements_after_a_refused_flush_are_still_synced(installed: Any) -> None:
+    """A flush refused before it began (a value that cannot be indexed, an application's
+    before_flush that raises) never reaches after_flush_postexec: the session took every later
+    statement for the flush's own, and left their rows stale."""
+    idx, factory = installed()
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="the first text"))
+        s.commit()
+        bad = Article(id=2, title="t", content="a\x00b")
+        s.add(bad)
+        with pytest.raises(SemanticValueError):
+            s.flush()
+        s.expunge(bad)
+        s.execute(update(Article).where(Article.id == 1).values(content="changed by a statement"))
+        s.commit()
+    assert [p["end_offset"] for p in points_of(idx, 1)] == [len("changed by a statement")]
+    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 1
+
+
 def test_bad_values_in_statements_raise_library_errors(installed: Any) -> None:
     _idx, factory = installed()
     table = Article.__table__

@@ -69,12 +69,14 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.orm import InstanceState, Mapper, Session, SessionTransaction, UOWTransaction
-from sqlalchemy.sql import operators, visitors
+from sqlalchemy.sql import operators
 from sqlalchemy.sql.dml import Insert, Update, UpdateBase
 from sqlalchemy.sql.elements import (
     BinaryExpression,
     BindParameter,
+    BooleanClauseList,
     ColumnElement,
+    Grouping,
     ReleaseSavepointClause,
     RollbackToSavepointClause,
     SavepointClause,
@@ -793,13 +795,24 @@ def _pk_binds(stmt: Any, table: Any) -> dict[str, str] | None:
         return None
     pk = {c.key for c in table.primary_key.columns}
     found: dict[str, str] = {}
-    for node in visitors.iterate(where):
+    for node in _conjuncts(where):  # not inside an OR: its other branch names other rows
         if isinstance(node, BinaryExpression) and node.operator is operators.eq:
             left, right = node.left, node.right
             if isinstance(right, BindParameter) and getattr(left, "key", None) in pk:
                 if getattr(getattr(left, "table", None), "name", None) == table.name:
                     found[str(left.key)] = right.key
     return found if set(found) == pk else None
+
+
+def _conjuncts(clause: Any) -> Iterable[Any]:
+    """The terms a WHERE clause ANDs together (through nested ANDs and parentheses)."""
+    while isinstance(clause, Grouping):
+        clause = clause.element
+    if isinstance(clause, BooleanClauseList) and clause.operator is operators.and_:
+        for part in clause.clauses:
+            yield from _conjuncts(part)
+    else:
+        yield clause
 
 
 def _plan(

@@ -11,7 +11,18 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import Engine, String, delete, func, insert, select, text, update
+from sqlalchemy import (
+    Engine,
+    String,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
@@ -427,6 +438,24 @@ def test_statements_after_a_refused_flush_are_still_synced(installed: Any) -> No
         s.commit()
     assert [p["end_offset"] for p in points_of(idx, 1)] == [len("changed by a statement")]
     assert assert_index_matches_database(factory.kw["bind"], idx.store) == 1
+
+
+def test_a_statement_naming_a_key_in_an_or_reaches_the_other_rows_too(installed: Any) -> None:
+    """``WHERE id = :i OR title = :t`` pins no row by its key: the rows the other branch
+    names were left stale (or their points kept, for a delete)."""
+    idx, factory = installed()
+    with factory() as s:
+        s.add_all(Article(id=i, title=f"t{i}", content=f"row {i} about rivers") for i in (1, 2, 3))
+        s.commit()
+        by_key_or_title = or_(Article.id == bindparam("i"), Article.title == bindparam("t"))
+        s.execute(
+            update(Article).where(by_key_or_title).values(content="changed, about lakes"),
+            {"i": 1, "t": "t2"},
+        )
+        s.execute(delete(Article).where(by_key_or_title), {"i": 9, "t": "t3"})
+        s.commit()
+    assert payloads(idx.store, 3) == []
+    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 2
 
 
 def test_bad_values_in_statements_raise_library_errors(installed: Any) -> None:

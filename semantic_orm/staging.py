@@ -769,7 +769,7 @@ def _check_values(
     where = f"{table_name(table)}.{{}}"
     values = _statement_values(stmt)
     for col in semantic:
-        candidates = [r.get(col.key) for r in rows if col.key in r]
+        candidates = [_given(r, values, col.key) for r in rows]
         bound = values.get(col.key)
         if isinstance(bound, BindParameter) and not callable(bound.value):
             candidates.append(bound.value)
@@ -925,10 +925,7 @@ def _plan_insert(
     keys: list[str] = []
     known = True
     for r in rows:
-        found = []
-        for c in pk_cols:
-            value = r.get(c.key, _literal(values.get(c.key)))
-            found.append(value)
+        found = [_literal(_given(r, values, c.key)) for c in pk_cols]
         if all(v is not None for v in found):
             keys.append(row_key(tuple(found)))
         else:
@@ -1091,7 +1088,7 @@ def _conflicting_keys(
             terms = []
             for k in t:
                 col = table.c[k]
-                value = r[k] if k in r else values.get(k, _DEFAULT)
+                value = _given(r, values, k) if k in r or k in values else _DEFAULT
                 if value is _DEFAULT:
                     default = col.default
                     if default is not None and getattr(default, "is_scalar", False):
@@ -1118,6 +1115,18 @@ def _conflicting_keys(
 
 
 _DEFAULT = object()
+
+
+def _given(row: Mapping[str, Any], values: Mapping[str, Any], key: str) -> Any:
+    """What a statement gives column ``key`` in one parameter set: the parameter of that name,
+    else its ``values()`` entry, a bound parameter taking its value from the set by its own
+    name (``values(id=bindparam("pid"))``)."""
+    if key in row:
+        return row[key]
+    value = values.get(key)
+    if isinstance(value, BindParameter) and value.key in row:
+        return row[value.key]
+    return value
 
 
 def _literal(value: Any) -> Any:

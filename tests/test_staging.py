@@ -399,6 +399,9 @@ def test_insert_with_values_and_a_primary_key_is_accepted(installed: Any) -> Non
     with factory() as s:
         s.execute(insert(Article).values(title="t", content="no key, read back"))
         s.execute(insert(Article).values(id=7, title="t", content="inserted with values"))
+        bound = insert(Article).values(id=bindparam("pid"), title="t", content=bindparam("c"))
+        s.execute(bound, {"pid": 8, "c": "a key bound by another name"})
+        s.execute(bound, [{"pid": 9, "c": "bound, many"}, {"pid": 10, "c": "bound, many too"}])
         s.execute(
             insert(Article).values(
                 [
@@ -418,7 +421,10 @@ def test_insert_with_values_and_a_primary_key_is_accepted(installed: Any) -> Non
                 )
             )
         s.rollback()
-    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 4
+        with pytest.raises(SemanticValueError, match="NUL"):  # checked under its own name too
+            s.execute(bound, {"pid": 11, "c": "a\x00b"})
+        s.rollback()
+    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 7
 
 
 def test_statements_after_a_refused_flush_are_still_synced(installed: Any) -> None:

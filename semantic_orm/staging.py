@@ -7,7 +7,8 @@ the columns its ``filter_by`` carries into the vector payload):
 * **flushes** (``session.add``, attribute changes, ``session.delete`` and the orphans a
   ``delete-orphan`` cascade deletes, primary-key changes):
   ``before_flush`` refuses values that cannot be indexed, naming the model and column;
-  ``after_flush`` (primary keys exist by then) writes one job per changed semantic attribute,
+  ``after_flush`` (primary keys exist by then) writes one job per changed semantic attribute
+  (any change of its row, for one derived from the others: ``Computed``, ``onupdate``),
   two when the primary key changed (the old key's points go, the new key's come);
 * **statements** the session executes (ORM or Core ``insert()``/``update()``/``delete()`` on a
   table with a semantic column, ``bulk_insert_mappings``, ``bulk_update_mappings``,
@@ -512,6 +513,8 @@ class SessionTracker:
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     add(state, col, key, _written(state, col))
+                elif _derived(col.column):  # computed from the row, or on its update
+                    add(state, col, key)
         for state, columns in self._semantic(deleted):
             key = row_key(_identity(state))
             for col in columns:
@@ -717,6 +720,13 @@ def _written(state: InstanceState[Any], col: SemanticColumn) -> Any:
     return value if value is None or type(value) is str else _UNKNOWN
 
 
+def _derived(column: Any) -> bool:
+    """Whether ``column`` is computed from the row's other columns (``Computed``) or changes on
+    any update of the row (``onupdate``, ``server_onupdate``): a write to any column may
+    change it."""
+    return any(x is not None for x in (column.computed, column.onupdate, column.server_onupdate))
+
+
 def _filters_changed(state: InstanceState[Any], col: SemanticColumn) -> bool:
     """Whether a value that travels with ``col``'s vectors (``filter_by``) changed."""
     attrs = state.attrs
@@ -832,7 +842,7 @@ def _plan(
     if isinstance(stmt, Insert):
         return _plan_insert(conn, stmt, rows, table, semantic, pk_cols)
     values = _statement_values(stmt)
-    if isinstance(stmt, Update):
+    if isinstance(stmt, Update) and not any(_derived(c) for c in semantic):
         changed = set(values) | {k for r in rows for k in r}
         relevant = {c.key for c in semantic} | {c.key for c in pk_cols} | filters
         if not changed & relevant:

@@ -578,3 +578,55 @@ def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, sto
         for query, key in (("moss", 0), (last, 1), ("reefs", 30)):
             assert [h.obj.id for h in Keyed.semantic_search(s, query, limit=1)] == [key]
     idx.uninstall(factory)
+
+
+class _Derived(DeclarativeBase):
+    pass
+
+
+class Summed(SemanticSearchMixin, _Derived):
+    """A semantic column the database computes from two others."""
+
+    __tablename__ = "computed_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(50))
+    abstract: Mapped[str] = mapped_column(sa.Text())
+    body: Mapped[str | None] = mapped_column(
+        SemanticText(), sa.Computed("title || ': ' || abstract", persisted=True)
+    )
+
+
+def _about(ctx: Any) -> str:
+    return "a text about " + ctx.get_current_parameters()["title"]
+
+
+class Stamped(SemanticSearchMixin, _Derived):
+    """A semantic column SQLAlchemy rewrites on every update of its row."""
+
+    __tablename__ = "onupdate_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(50))
+    body: Mapped[str | None] = mapped_column(SemanticText(), default=_about, onupdate=_about)
+
+
+def test_a_column_computed_from_others_follows_their_writes(engine: Engine, store: Any) -> None:
+    """Writing only a column a ``Computed`` (or ``onupdate``) semantic column derives from
+    changes the indexed text: such writes queued nothing, and the row stayed stale."""
+    _Derived.metadata.create_all(engine)
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Summed(id=i, title=f"t{i}", abstract=f"abstract {i}") for i in (1, 2))
+        s.add_all(Stamped(id=i, title=f"t{i}") for i in (1, 2))
+        s.commit()
+        for model in (Summed, Stamped):
+            row = s.get(model, 1)
+            assert row is not None
+            row.title = "retitled by the ORM"
+            s.execute(update(model).where(model.id == 2).values(title="retitled by a statement"))
+        s.commit()
+    idx.drain(engine, timeout=10)
+    for model, coll in ((Summed, "computed_doc__body"), (Stamped, "onupdate_doc__body")):
+        assert assert_index_matches_database(engine, store, model, "body", coll) == 2
+    idx.uninstall(factory)

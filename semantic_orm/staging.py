@@ -76,6 +76,7 @@ from sqlalchemy.sql.elements import (
     BinaryExpression,
     BindParameter,
     BooleanClauseList,
+    ClauseElement,
     ColumnElement,
     Grouping,
     ReleaseSavepointClause,
@@ -94,6 +95,7 @@ __all__ = ["SessionTracker", "Staged", "StagingHooks"]
 
 _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
+_COMPUTED = "semantic_orm.computed"
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
 _FIRST = frozenset({"after_begin", "after_commit", "after_rollback", "after_transaction_end"})
@@ -450,7 +452,8 @@ class SessionTracker:
         if col.settings.filter_by:
             filter_fields(col)  # a misdeclared filter_by fails here, naming the column
         value = state.dict.get(col.key)
-        if value is not None:
+        if value is not None and not isinstance(value, ClauseElement):  # an SQL expression:
+            # the database computes it in the flush (read back after the commit)
             check_semantic_value(value, where=col.label)
 
     def before_flush(self, session: Session, flush_context: UOWTransaction, instances: Any) -> None:
@@ -459,10 +462,15 @@ class SessionTracker:
         for state, columns in self._semantic(session.new):
             for col in columns:
                 self._check(state, col)
+        computed: dict[InstanceState[Any], set[str]] = {}
         for state, columns in self._semantic(session.dirty):
             for col in columns:
                 if state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     self._check(state, col)
+                    if isinstance(state.dict.get(col.key), ClauseElement):
+                        computed.setdefault(state, set()).add(col.key)
+        if computed:  # the flush expires them: after_flush would not see them changed
+            session.info[_COMPUTED] = computed
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
         """The flush is over: statements are the user's again."""
@@ -503,7 +511,10 @@ class SessionTracker:
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             for col in columns:
                 add(state, col, key, _written(state, col))
-        for state, columns in self._semantic(session.dirty):
+        computed: dict[InstanceState[Any], set[str]] = session.info.pop(_COMPUTED, {})
+        dirty = [inspect(obj) for obj in session.dirty]
+        dirty += [state for state in computed if state not in set(dirty)]
+        for state, columns in self._semantic(dirty):
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             old = row_key(state.identity) if state.identity is not None else None
             for col in columns:
@@ -513,8 +524,8 @@ class SessionTracker:
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     add(state, col, key, _written(state, col))
-                elif _derived(col.column):  # computed from the row, or on its update
-                    add(state, col, key)
+                elif _derived(col.column) or col.key in computed.get(state, ()):
+                    add(state, col, key)  # computed by the database: read after the commit
         for state, columns in self._semantic(deleted):
             key = row_key(_identity(state))
             for col in columns:

@@ -464,6 +464,20 @@ def test_a_statement_naming_a_key_in_an_or_reaches_the_other_rows_too(installed:
     assert assert_index_matches_database(factory.kw["bind"], idx.store) == 2
 
 
+def test_an_sql_expression_assigned_to_the_attribute_is_synced(installed: Any) -> None:
+    """``obj.content = func.upper(...)`` (SQLAlchemy runs it in the flush's UPDATE) was refused
+    as not a str; then, the flush expiring the attribute, it queued nothing."""
+    idx, factory = installed()
+    with factory() as s:
+        one = Article(id=1, title="t", content="a text about rivers")
+        s.add_all([one, Article(id=2, title="t", content=func.lower("A NEW ROW ABOUT LAKES"))])
+        s.commit()
+        one.content = Article.content + ", and about the sea"
+        s.commit()
+        assert one.content == "a text about rivers, and about the sea"
+    assert assert_index_matches_database(factory.kw["bind"], idx.store) == 2
+
+
 def test_bad_values_in_statements_raise_library_errors(installed: Any) -> None:
     _idx, factory = installed()
     table = Article.__table__

@@ -1102,9 +1102,8 @@ def _conflicting_keys(
     gives (its rows, or the ``values()``); ``None`` when a value cannot be known before it
     runs. A column it leaves out takes its default (a server-side or computed one matches any
     value: more rows are read, never fewer; NULL conflicts with nothing)."""
-    found: list[str] = []
+    matches = []
     for r in rows:
-        matches = []
         for t in targets:
             terms = []
             for k in t:
@@ -1129,10 +1128,16 @@ def _conflicting_keys(
                 if not terms:
                     return None  # nothing known of this key: every row
                 matches.append(and_(*terms))
-        if matches:
-            query = select(*pk_cols).where(or_(*matches))
-            found.extend(row_key(tuple(row)) for row in conn.execute(query))
+    found: list[str] = []
+    for at in range(0, len(matches), _MATCHES_PER_READ):  # one read per few hundred rows
+        query = select(*pk_cols).where(or_(*matches[at : at + _MATCHES_PER_READ]))
+        found.extend(row_key(tuple(row)) for row in conn.execute(query))
     return found
+
+
+_MATCHES_PER_READ = 200
+"""Rows an upsert's read of conflicting keys matches per statement (its ORs stay a size any
+database parses quickly, and under SQLite's 32,766 parameters)."""
 
 
 _DEFAULT = object()

@@ -457,8 +457,8 @@ class SessionTracker:
             check_semantic_value(value, where=col.label)
 
     def before_flush(self, session: Session, flush_context: UOWTransaction, instances: Any) -> None:
-        """Refuse values that cannot be indexed before any SQL is sent."""
-        session.info[_FLUSHING] = True
+        """Refuse values that cannot be indexed before any SQL is sent; then mark the session
+        as flushing (its statements until after_flush_postexec are the flush's own)."""
         for state, columns in self._semantic(session.new):
             for col in columns:
                 self._check(state, col)
@@ -467,10 +467,12 @@ class SessionTracker:
             for col in columns:
                 if state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     self._check(state, col)
-                    if isinstance(state.dict.get(col.key), ClauseElement):
+                    names = (col.key, *col.settings.filter_by)
+                    if any(isinstance(state.dict.get(n), ClauseElement) for n in names):
                         computed.setdefault(state, set()).add(col.key)
-        if computed:  # the flush expires them: after_flush would not see them changed
-            session.info[_COMPUTED] = computed
+        # SQL expressions: the flush expires them, after_flush would not see them changed
+        flush_context.attributes[_COMPUTED] = computed
+        session.info[_FLUSHING] = True
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
         """The flush is over: statements are the user's again."""
@@ -511,9 +513,10 @@ class SessionTracker:
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             for col in columns:
                 add(state, col, key, _written(state, col))
-        computed: dict[InstanceState[Any], set[str]] = session.info.pop(_COMPUTED, {})
+        computed: dict[InstanceState[Any], set[str]] = flush_context.attributes.get(_COMPUTED, {})
         dirty = [inspect(obj) for obj in session.dirty]
-        dirty += [state for state in computed if state not in set(dirty)]
+        listed = set(dirty)
+        dirty += [state for state in computed if state not in listed]
         for state, columns in self._semantic(dirty):
             key = row_key(state.mapper.primary_key_from_instance(state.obj()))
             old = row_key(state.identity) if state.identity is not None else None
@@ -1053,11 +1056,16 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
         ]
         return [keys] if all(k in table.c for k in keys) else None
     declared: list[tuple[str | None, list[str]]] = [
-        (None if c.name is None else str(c.name), [col.key for col in c.columns])
+        (
+            None if c.name is None else str(c.name),
+            [getattr(e, "key", "") if isinstance(e, Column) else "" for e in c.expressions]
+            if isinstance(c, Index)
+            else [col.key for col in c.columns],
+        )
         for c in (table.primary_key, *table.constraints, *table.indexes)
         if isinstance(c, (PrimaryKeyConstraint, UniqueConstraint))
         or (isinstance(c, Index) and c.unique)
-    ]
+    ]  # an expression index's part is "": a conflict there cannot be told
     if named is not None:
         for name, keys in declared:
             if name == named:
@@ -1071,23 +1079,43 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
 
 
 def _unique_keys(conn: Connection, table: Any) -> list[tuple[str | None, list[str]]]:
-    """The database's unique keys of ``table``: name and column names (by key where a column's
-    name differs; an expression's part as ``""``)."""
+    """The database's unique keys of ``table``: name and column keys (an expression's part,
+    or a column the Table does not map, as ``""``); read once per engine and table."""
+    translate = conn.get_execution_options().get("schema_translate_map") or {}
+    schema = translate.get(table.schema, table.schema)
+    known = _reflected.setdefault(conn.engine, {})
+    found = known.get((schema, table.name))
+    if found is None:
+        found = known[(schema, table.name)] = _reflect_unique_keys(conn, table.name, schema)
     by_name = {c.name: c.key for c in table.columns}
+    return [(name, [by_name.get(c, "") for c in cols]) for name, cols in found]
+
+
+def _reflect_unique_keys(
+    conn: Connection, name: str, schema: str | None
+) -> list[tuple[str | None, list[str]]]:
     inspector = inspect(conn)
-    schema = table.schema
     out: list[tuple[str | None, list[str]]] = []
     try:
-        pk = inspector.get_pk_constraint(table.name, schema=schema)
+        pk = inspector.get_pk_constraint(name, schema=schema)
         out.append((pk.get("name"), list(pk.get("constrained_columns") or ())))
-        for u in inspector.get_unique_constraints(table.name, schema=schema):
+        for u in inspector.get_unique_constraints(name, schema=schema):
             out.append((u.get("name"), list(u.get("column_names") or ())))
-        for i in inspector.get_indexes(table.name, schema=schema):
+        for i in inspector.get_indexes(name, schema=schema):
             if i.get("unique"):
-                out.append((i.get("name"), [c or "" for c in i.get("column_names") or ()]))
+                names = list(i.get("column_names") or ())
+                if i.get("expressions") or not names:  # an expression index
+                    names = [*names, ""]
+                out.append((i.get("name"), [c or "" for c in names]))
     except NotImplementedError:  # a dialect that cannot say
         pass
-    return [(name, [by_name.get(c, "") for c in cols]) for name, cols in out]
+    return out
+
+
+_reflected: weakref.WeakKeyDictionary[Engine, dict[tuple[str | None, str], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The unique keys :func:`_unique_keys` read, per engine, schema and table."""
 
 
 def _conflicting_keys(
@@ -1117,10 +1145,10 @@ def _conflicting_keys(
                         value = None
                     else:
                         continue  # known only once it runs: any value
+                elif isinstance(value, BindParameter) and not callable(value.value):
+                    value = value.value  # None: a NULL
                 elif isinstance(value, ColumnElement):
-                    if _literal(value) is None:
-                        return None
-                    value = _literal(value)
+                    return None  # an SQL expression: known only once it runs
                 if value is None:
                     break  # NULL conflicts with nothing
                 terms.append(col == value)

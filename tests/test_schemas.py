@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import sqlalchemy.dialects.postgresql
+import sqlalchemy.dialects.sqlite
 from sqlalchemy import String, insert, select, text
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -63,6 +65,32 @@ def tenants(engine: Engine, tmp_path: Path) -> Callable[[str], Engine]:
         return made[name]
 
     return tenant
+
+
+def test_an_upsert_reads_the_unique_keys_of_its_translated_schema(
+    tenants: Callable[[str], Engine], store: Any
+) -> None:
+    """An upsert whose conflict target the Table does not name (PostgreSQL's ``article_pkey``,
+    a bare SQLite ``ON CONFLICT``) has its unique keys read from the database: from the schema
+    its statement really writes (the default schema has no such table here)."""
+    engine = tenants("t1")
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(dimension=64))
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    _write(factory, (1, RIVER))
+    dialect = engine.dialect.name
+    upsert = (sa.dialects.postgresql if dialect == "postgresql" else sa.dialects.sqlite).insert
+    stmt = upsert(Article)
+    target = {"constraint": "article_pkey"} if dialect == "postgresql" else {}
+    stmt = stmt.on_conflict_do_update(**target, set_={"content": stmt.excluded.content})
+    rows = [{"id": 1, "title": "a1", "content": MOUNTAIN}, {"id": 2, "title": "a2", "content": "x"}]
+    for _ in range(2):  # (the second reads them from memory)
+        with factory() as s:
+            s.execute(stmt, rows)
+            s.commit()
+    idx.settle()
+    assert assert_index_matches_database(engine, store) > 0
+    idx.uninstall(factory)
 
 
 def _write(factory: sessionmaker[Session], *rows: tuple[int, str]) -> None:

@@ -1128,15 +1128,12 @@ def _conflicting_keys(
 ) -> list[str] | None:
     """The keys of the rows holding, on some unique key in ``targets``, the values an upsert
     gives (its rows, or the ``values()``); ``None`` when a value cannot be known before it
-    runs. A column it leaves out takes its default (a server-side one matches any value: more
-    rows are read, never fewer; NULL conflicts with nothing). A key whose columns all take a
-    default computed in Python (``default=uuid.uuid4``) holds a fresh value: it conflicts with
-    no row."""
+    runs. A column it leaves out takes its default (a server-side or computed one matches any
+    value: more rows are read, never fewer; NULL conflicts with nothing)."""
     matches = []
     for r in rows:
         for t in targets:
             terms = []
-            fresh = True  # every column of the key left out, for a Python-computed default
             for k in t:
                 col = table.c[k]
                 value = _given(r, values, k) if k in r or k in values else _DEFAULT
@@ -1147,21 +1144,18 @@ def _conflicting_keys(
                     elif default is None and col.server_default is None:
                         value = None
                     else:
-                        fresh = fresh and default is not None and default.is_callable
                         continue  # known only once it runs: any value
                 elif isinstance(value, BindParameter) and not callable(value.value):
                     value = value.value  # None: a NULL
                 elif isinstance(value, ColumnElement):
                     return None  # an SQL expression: known only once it runs
-                fresh = False
                 if value is None:
                     break  # NULL conflicts with nothing
                 terms.append(col == value)
             else:
-                if not terms and not fresh:
+                if not terms:
                     return None  # nothing known of this key: every row
-                if terms:
-                    matches.append(and_(*terms))
+                matches.append(and_(*terms))
     found: list[str] = []
     for at in range(0, len(matches), _MATCHES_PER_READ):  # one read per few hundred rows
         query = select(*pk_cols).where(or_(*matches[at : at + _MATCHES_PER_READ]))

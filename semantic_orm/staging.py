@@ -82,6 +82,7 @@ from sqlalchemy.sql.elements import (
     ReleaseSavepointClause,
     RollbackToSavepointClause,
     SavepointClause,
+    UnaryExpression,
 )
 
 from . import outbox
@@ -1058,7 +1059,7 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
     declared: list[tuple[str | None, list[str]]] = [
         (
             None if c.name is None else str(c.name),
-            [getattr(e, "key", "") if isinstance(e, Column) else "" for e in c.expressions]
+            [_index_part(e) for e in c.expressions]
             if isinstance(c, Index)
             else [col.key for col in c.columns],
         )
@@ -1069,7 +1070,7 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
     if named is not None:
         for name, keys in declared:
             if name == named:
-                return [keys]
+                return [keys] if all(k in table.c for k in keys) else None
     reflected = _unique_keys(conn, table)
     if named is not None:
         found = [keys for name, keys in reflected if name == named]
@@ -1079,15 +1080,14 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
 
 
 def _unique_keys(conn: Connection, table: Any) -> list[tuple[str | None, list[str]]]:
-    """The database's unique keys of ``table``: name and column keys (an expression's part,
-    or a column the Table does not map, as ``""``); read once per engine and table."""
+    """The database's unique keys of ``table`` (in the schema the statement writes): name and
+    column keys (an expression's part, or a column the Table does not map, as ``""``). Read
+    for each statement that needs them (a constraint the Table does not name, or no target):
+    a migration may add one while the application runs."""
     translate = conn.get_execution_options().get("schema_translate_map") or {}
     schema = translate.get(table.schema, table.schema)
-    known = _reflected.setdefault(conn.engine, {})
-    found = known.get((schema, table.name))
-    if found is None:
-        found = known[(schema, table.name)] = _reflect_unique_keys(conn, table.name, schema)
     by_name = {c.name: c.key for c in table.columns}
+    found = _reflect_unique_keys(conn, table.name, schema)
     return [(name, [by_name.get(c, "") for c in cols]) for name, cols in found]
 
 
@@ -1112,10 +1112,10 @@ def _reflect_unique_keys(
     return out
 
 
-_reflected: weakref.WeakKeyDictionary[Engine, dict[tuple[str | None, str], Any]] = (
-    weakref.WeakKeyDictionary()
-)
-"""The unique keys :func:`_unique_keys` read, per engine, schema and table."""
+def _index_part(expr: Any) -> str:
+    """The column key of one part of a unique index (``""`` for an expression)."""
+    element = getattr(expr, "element", None) if isinstance(expr, UnaryExpression) else expr
+    return str(element.key) if isinstance(element, Column) else ""
 
 
 def _conflicting_keys(
@@ -1145,8 +1145,8 @@ def _conflicting_keys(
                         value = None
                     else:
                         continue  # known only once it runs: any value
-                elif isinstance(value, BindParameter) and not callable(value.value):
-                    value = value.value  # None: a NULL
+                elif isinstance(value, BindParameter):
+                    value = value.effective_value  # None: a NULL
                 elif isinstance(value, ColumnElement):
                     return None  # an SQL expression: known only once it runs
                 if value is None:
@@ -1186,7 +1186,8 @@ def _given(row: Mapping[str, Any], values: Mapping[str, Any], key: str) -> Any:
 def _literal(value: Any) -> Any:
     """The Python value of a bound literal (``None`` for SQL expressions and missing values)."""
     if isinstance(value, BindParameter):
-        return None if callable(value.value) else value.value
+        value = value.effective_value  # (a callable_ bind's value, computed)
+        return None if callable(value) else value
     if isinstance(value, ColumnElement):
         return None
     return value

@@ -794,12 +794,9 @@ def _check_values(
     where = f"{table_name(table)}.{{}}"
     values = _statement_values(stmt)
     for col in semantic:
-        candidates = [_given(r, values, col.key) for r in rows]
-        bound = values.get(col.key)
-        if isinstance(bound, BindParameter) and not callable(bound.value):
-            candidates.append(bound.value)
-        for value in candidates:
-            if value is not None and not isinstance(value, ColumnElement):
+        for r in rows:
+            value = _literal(_given(r, values, col.key))  # (None for an SQL expression)
+            if value is not None:
                 check_semantic_value(value, where=where.format(col.key))
 
 
@@ -1063,7 +1060,7 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
             if isinstance(c, Index)
             else [col.key for col in c.columns],
         )
-        for c in (table.primary_key, *table.constraints, *table.indexes)
+        for c in (*table.constraints, *table.indexes)  # (the primary key among them)
         if isinstance(c, (PrimaryKeyConstraint, UniqueConstraint))
         or (isinstance(c, Index) and c.unique)
     ]  # an expression index's part is "": a conflict there cannot be told

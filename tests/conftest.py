@@ -209,7 +209,8 @@ def installed(
     """Factory for an index installed on a fresh sessionmaker over ``engine``, tables created.
 
     ``installed(flaky=True)`` puts the store behind a :class:`FlakyStore` (``idx.store``);
-    ``embedder=`` replaces the fake embedder; other keywords go to :class:`SemanticIndex`.
+    ``embedder=`` replaces the fake embedder; ``metadata=`` creates a test's own tables too;
+    other keywords go to :class:`SemanticIndex`.
     Every index made is uninstalled at teardown.
     """
     made: list[tuple[SemanticIndex, sessionmaker[OrmSession]]] = []
@@ -219,9 +220,12 @@ def installed(
         flaky: bool = False,
         embedder: Any = None,
         expire_on_commit: bool = False,
+        metadata: Any = None,
         **settings: Any,
     ) -> tuple[SemanticIndex, sessionmaker[OrmSession]]:
         Base.metadata.create_all(engine)
+        if metadata is not None:
+            metadata.create_all(engine)
         target: VectorStore = FlakyStore(store) if flaky else store
         idx = SemanticIndex(store=target, embedder=embedder or hash_embedder, **settings)
         factory = sessionmaker(engine, expire_on_commit=expire_on_commit)

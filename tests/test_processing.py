@@ -309,15 +309,12 @@ def test_a_base_tables_column_first_seen_through_a_subclass_syncs_every_row(
 
 
 def test_orm_bulk_statements_of_a_joined_subclass_reach_the_base_tables_column(
-    engine: Engine, store: Any
+    engine: Engine, installed: Any
 ) -> None:
     """``session.execute(insert(Reply), [...])`` and ``update(Reply)`` run one statement per
     table, each still naming the subclass's table: the base table's semantic column was never
     queued (no job, no point, nothing for drain to find)."""
-    _Inherited.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    idx, factory = installed(metadata=_Inherited.metadata, expire_on_commit=True)
     with factory() as s:
         s.execute(
             sa.insert(Reply),
@@ -332,7 +329,6 @@ def test_orm_bulk_statements_of_a_joined_subclass_reach_the_base_tables_column(
     with factory() as s:
         for query, key in (("tides", 1), ("volcanoes", 2)):
             assert [h.obj.id for h in Post.semantic_search(s, query, limit=1)] == [key]
-    idx.uninstall(factory)
 
 
 def test_rows_of_inherited_models_are_read_from_their_own_tables(
@@ -379,14 +375,13 @@ class ShelfNote(SemanticSearchMixin, _Orphans):
     text: Mapped[str | None] = mapped_column(SemanticText())
 
 
-def test_rows_a_delete_orphan_cascade_deletes_lose_their_points(engine: Engine, store: Any) -> None:
+def test_rows_a_delete_orphan_cascade_deletes_lose_their_points(
+    engine: Engine, store: Any, installed: Any
+) -> None:
     """A ``delete-orphan`` cascade deletes, during the flush, a child taken out of its parent's
     list (or left behind by replacing the list): such rows are not in ``session.deleted``, and
     their points stayed in the index for good."""
-    _Orphans.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    idx, factory = installed(metadata=_Orphans.metadata, expire_on_commit=True)
     with factory() as s:
         shelf = Shelf(id=1, notes=[ShelfNote(id=i, text=f"note {i} on tides") for i in (1, 2, 3)])
         s.add(shelf)
@@ -404,7 +399,6 @@ def test_rows_a_delete_orphan_cascade_deletes_lose_their_points(engine: Engine, 
         s.commit()
     idx.drain(engine, timeout=10)
     assert store.count(coll) == 0
-    idx.uninstall(factory)
 
 
 def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: Any) -> None:

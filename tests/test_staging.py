@@ -529,17 +529,16 @@ class Keyed(SemanticSearchMixin, _Upserts):
     body: Mapped[str | None] = mapped_column(SemanticText())
 
 
-def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, store: Any) -> None:
+def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(
+    engine: Engine, store: Any, installed: Any
+) -> None:
     """``INSERT ... ON CONFLICT (slug) DO UPDATE`` naming a new primary key updates the row
     that holds the slug: that row's key was never queued (its points kept the old text), the
     named one was. The rows holding the values of the conflict's columns are read first (a
     column left out takes its default), and a one-row upsert returns the keys it wrote."""
     dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
     upsert = dialect_insert[engine.dialect.name]
-    _Upserts.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    idx, factory = installed(metadata=_Upserts.metadata, expire_on_commit=True)
 
     def on_slug(stmt: Any) -> Any:
         return stmt.on_conflict_do_update(
@@ -615,7 +614,6 @@ def test_an_upsert_on_a_natural_key_syncs_the_row_it_updated(engine: Engine, sto
     with factory() as s:
         for query, key in (("terns", 0), (last, 1), ("reefs", 30)):
             assert [h.obj.id for h in Keyed.semantic_search(s, query, limit=1)] == [key]
-    idx.uninstall(factory)
 
 
 class _Derived(DeclarativeBase):
@@ -647,13 +645,12 @@ class Stamped(SemanticSearchMixin, _Derived):
     body: Mapped[str | None] = mapped_column(SemanticText(), default=_about, onupdate=_about)
 
 
-def test_a_column_computed_from_others_follows_their_writes(engine: Engine, store: Any) -> None:
+def test_a_column_computed_from_others_follows_their_writes(
+    engine: Engine, store: Any, installed: Any
+) -> None:
     """Writing only a column a ``Computed`` (or ``onupdate``) semantic column derives from
     changes the indexed text: such writes queued nothing, and the row stayed stale."""
-    _Derived.metadata.create_all(engine)
-    idx = SemanticIndex(store=store, embedder=HashEmbedder())
-    factory = sessionmaker(engine)
-    idx.install(factory)
+    idx, factory = installed(metadata=_Derived.metadata, expire_on_commit=True)
     with factory() as s:
         s.add_all(Summed(id=i, title=f"t{i}", abstract=f"abstract {i}") for i in (1, 2))
         s.add_all(Stamped(id=i, title=f"t{i}") for i in (1, 2))
@@ -667,4 +664,3 @@ def test_a_column_computed_from_others_follows_their_writes(engine: Engine, stor
     idx.drain(engine, timeout=10)
     for model, coll in ((Summed, "computed_doc__body"), (Stamped, "onupdate_doc__body")):
         assert assert_index_matches_database(engine, store, model, "body", coll) == 2
-    idx.uninstall(factory)

@@ -77,7 +77,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     null,
     select,
     update,
@@ -679,14 +678,23 @@ def _leased_keys(
 def _born_statement(form: str) -> Any:
     """The insert of :func:`_insert_born` for a JSON list form: each key's job leased to the
     ``token`` parameter unless a live lease holds its row (see :func:`_holding`); it returns
-    each job's id, key, owner and whether its row had another job (:attr:`Job.alone`)."""
+    each job's id, key, owner and whether its row had a job already (:attr:`Job.alone`)."""
     keys = _json_values("pks", form)
     pk = cast(keys.c.value, Text)
-    other = outbox.alias("held")
-    # the keys' rows held by a live lease, found from the keys through the row index (as a
-    # correlated EXISTS, PostgreSQL hashed every job of the column once instead)
+    # the keys' rows with a job, and those held by a live lease, found from the keys through
+    # the row index (as a correlated EXISTS, PostgreSQL hashed every job of the column once)
+    other = outbox.alias("other")
+    present = pk.in_(select(other.c.row_pk).where(*_of_rows_where(form, other)))
     held = pk.in_(select(other.c.row_pk).where(*_of_rows_where(form, other), _holding(form, other)))
-    looked = select(pk.label("pk"), held.label("held")).select_from(keys).subquery("looked")
+    # read before the insert, once (whether a row had another job is returned from it: a
+    # subquery of RETURNING naming the inserted row cannot use an index on SQLite, which then
+    # read every job of the outbox for each new one)
+    looked = (
+        select(pk.label("pk"), held.label("held"), present.label("present"))
+        .select_from(keys)
+        .cte("looked")
+        .prefix_with("MATERIALIZED")
+    )
     now = bindparam("now", type_=outbox.c.created_at.type)
     until = bindparam("until", type_=outbox.c.next_attempt_at.type)
     token = bindparam("token", type_=outbox.c.claimed_by.type)
@@ -694,27 +702,13 @@ def _born_statement(form: str) -> Any:
         looked.c.pk,
         case((looked.c.held, now), else_=until),
         case((looked.c.held, null()), else_=token),
-    )
-    # whether the row had another job: in RETURNING, where no dialect correlates a subquery
-    # (SQLite names the returned columns bare), so the inserted row is named in full
-    other = outbox.alias("present")
-    inserted = functools.partial(literal_column, type_=Text)
-    present = (
-        select(literal(1))
-        .select_from(other)
-        .where(
-            *(
-                inserted(f"present.{name}") == inserted(f"{outbox.name}.{name}")
-                for name in ("table_name", "column_name", "row_pk")
-            ),
-            inserted("present.id") != inserted(f"{outbox.name}.id"),
-        )
-        .exists()
-    )
+    ).select_from(looked)
+    had_jobs = outbox.c.row_pk.in_(select(looked.c.pk).where(looked.c.present))
     return (
         insert(outbox)
+        .add_cte(looked)
         .from_select(_NEW_JOB, jobs)
-        .returning(outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, present.label("present"))
+        .returning(outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, had_jobs.label("present"))
     )
 
 

@@ -87,7 +87,7 @@ def test_enqueue_stores_every_key_as_given_whatever_its_characters(tables: Engin
     if as_json:  # one insert a column, which looks at the leases too: every list as one
         # JSON array (PostgreSQL takes the rows' advisory locks first, a statement a column)
         reader = {"sqlite": "json_each", "postgresql": "json_array_elements_text"}
-        inserts = [s for s in statements if s.startswith("INSERT")]
+        inserts = [s for s in statements if "INSERT INTO" in s]
         locks = [s for s in statements if "pg_advisory_xact_lock" in s]
         assert len(inserts) == 2 and all(reader[tables.dialect.name] in s for s in inserts)
         assert len(locks) == (2 if tables.dialect.name == "postgresql" else 0)
@@ -410,13 +410,20 @@ def test_an_outbox_from_an_older_version_is_upgraded(engine: Engine) -> None:
     assert row["failures"] == 0 and row["claimed_by"] is None
 
 
+_BOUNDED_SCANS = ("VIRTUAL TABLE", "CONSTANT ROW", "(subquery-", "SCAN looked")
+"""Scans in an SQLite plan that read the statement's own keys, not the outbox: a JSON array
+(``json_each``), a list of values, a subquery or the born insert's ``looked`` (its keys)."""
+
+
 def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog(
     tables: Engine,
 ) -> None:
     """Jobs scheduled for later (a retry backlog after a store outage) must not be walked by
     the statements of a commit's jobs: SQLite's planner, without statistics, prefers the due-time
     index for any lease condition, so those conditions are checked on the rows the row index
-    finds (the commit's cost then follows its own rows, never the backlog)."""
+    finds (the commit's cost then follows its own rows, never the backlog). The birth of the
+    jobs is one of them (whether each row had a job: a subquery of its RETURNING read every
+    job of the outbox for each new one)."""
     if tables.dialect.name != "sqlite":
         pytest.skip("a planner choice of SQLite's (PostgreSQL plans with table statistics)")
     with tables.begin() as conn:  # jobs of other rows, due in a year
@@ -425,7 +432,7 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     seen: list[tuple[str, object]] = []
 
     def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:
-        if "semantic_orm_outbox" in statement and not statement.startswith("INSERT"):
+        if "semantic_orm_outbox" in statement:
             seen.append((statement, params))
 
     sa.event.listen(tables, "before_cursor_execute", record)
@@ -446,9 +453,16 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     with tables.connect() as conn:
         for statement, params in seen:
             rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
-            plan = " ".join(str(row[-1]) for row in rows)
-            # the due-time index (dead, next_attempt_at) leads through every pending job
-            assert "_due" not in plan and "SCAN semantic_orm_outbox" not in plan, (statement, plan)
+            plan = [str(row[-1]) for row in rows]
+            # the due-time index (dead, next_attempt_at) leads through every pending job; a
+            # scan of the outbox under any name (a subquery's alias too) reads every job
+            scans = [
+                step
+                for step in plan
+                if step.startswith("SCAN ")
+                and not any(bounded in step for bounded in _BOUNDED_SCANS)
+            ]
+            assert not scans and not any("_due" in step for step in plan), (statement, plan)
     left = [(j["row_pk"], j["dead"]) for j in jobs(tables) if j["table_name"] == "article"]
     assert left == [(str(k), True) for k in range(100, 200)]
 

@@ -7,6 +7,7 @@ Plumbing tests on SQLite and PostgreSQL and on both store adapters, with the fak
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from semantic_orm.applying import text_hash
 from semantic_orm.maintenance import reconcile, reindex
 from semantic_orm.mapping import semantic_columns
 from semantic_orm.stores import PointPayload, VectorPoint
+from semantic_orm.stores.base import META_SEPARATOR
 from semantic_orm.testing import HashEmbedder
 
 from .helpers import COLL, LONG, assert_index_matches_database, points_of
@@ -167,6 +169,7 @@ def test_points_written_with_the_former_payload_keys_keep_their_vectors(
         legacy = {k: v for k, v in hit.payload.items() if k != PointPayload.DIGESTS_KEY}
         legacy |= {"table": "article", "column": "content", "hash": p.chunk_hash}
         legacy |= {"row": p.text_hash, "cfg": p.config, "kw": p.analyzer}
+        legacy |= {"meta": dict(p.meta)}  # the chunker's metadata: one nested value
         former.append(VectorPoint(hit.id, hit.vector, legacy))
     store.upsert(COLL, former)
     assert all("cfg" in p and "digests" not in p for p in points_of(idx, kept.id))
@@ -184,7 +187,8 @@ def test_points_written_with_the_former_payload_keys_keep_their_vectors(
     assert embedder.texts_encoded == before  # every vector reused
     for pk in (kept.id, edited.id):
         for p in points_of(idx, pk):
-            assert "digests" in p and not {"cfg", "hash", "table"} & set(p)
+            assert "digests" in p and not {"cfg", "hash", "table", "meta"} & set(p)
+            assert PointPayload.from_dict(p).meta["section_index"] == 0  # packed in digests
     assert_index_matches_database(tables, store)
     idx.uninstall(factory)
 
@@ -196,6 +200,39 @@ def test_the_packed_digests_read_back_whatever_they_hold() -> None:
             assert PointPayload.from_dict(p.to_dict()) == p
     # a payload read without its digests (a search names the keys it reads) has none
     assert PointPayload.from_dict({"pk": "7"}).config == ""
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"section": None, "section_index": 0, "paragraph": 2, "segment": 1},
+        {"section": 'Été \x1f 章节 "quoted" {x}', "paragraph": 0},  # JSON escapes the separator
+        {"section": "Intro", "type": "code", "types": ["code", "table"]},
+        {"type": "prose"},
+        {"when": dt.date(2026, 1, 1), "type": "code"},  # not JSON: stored as it is, nested
+        {},
+    ],
+)
+def test_chunk_metadata_is_packed_with_the_digests_but_the_chunk_types(
+    meta: dict[str, Any],
+) -> None:
+    """The chunker's metadata is JSON after the digests (one string to convert, not a nested
+    value); the chunk types stay a nested value, which searches filter on (``meta.type``)."""
+    p = PointPayload("7", 1, 10, 50, 3, "1d52", "61dc", "2:english", "8e16", meta)
+    stored = p.to_dict()
+    assert PointPayload.from_dict(stored) == p
+    filtered = {k: v for k, v in meta.items() if k in ("type", "types")}
+    if "when" in meta:
+        assert stored["meta"] == meta
+    else:
+        assert stored.get("meta", {}) == filtered
+        assert (META_SEPARATOR in stored["digests"]) == bool(set(meta) - set(filtered))
+    # as stored before: every key nested, the digests alone
+    former = {**stored, "digests": "1d52 8e16 61dc 2:english", "meta": meta}
+    assert PointPayload.from_dict(former) == p
+    # metadata that does not read as JSON (written by hand) is none, the digests still read
+    broken = PointPayload.from_dict({**stored, "digests": f"1d52 8e16 61dc 2{META_SEPARATOR}{{"})
+    assert (broken.config, broken.analyzer, broken.meta) == ("61dc", "2", stored.get("meta", {}))
 
 
 def test_reindexing_unchanged_rows_embeds_nothing(tables: Engine, store: Any) -> None:

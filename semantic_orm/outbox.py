@@ -806,7 +806,8 @@ def claim(
     ids: Sequence[int] | None = None,
     now: dt.datetime | None = None,
 ) -> list[Job]:
-    """Lease up to ``limit`` due jobs (or the claimable ones among ``ids``), oldest first.
+    """Lease up to ``limit`` due jobs, earliest due first (or the claimable ones among
+    ``ids``, oldest first).
 
     Run it in its own short transaction: the leases become visible to other processors when it
     commits. Among ``ids``, unclaimed jobs are claimable before they are due (a commit's own
@@ -866,9 +867,12 @@ def claim(
 @functools.cache
 def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     """The query of :func:`claim`, built once for each shape (see :func:`_forms`): up to
-    ``limit`` due jobs oldest first, or the claimable ones among the list ``ids``, these each
-    with whether its row has an older job (:attr:`Job.alone`; due jobs say they may: asked of
-    every due job a backlog holds, before its ``LIMIT``, it would cost a lookup each). On
+    ``limit`` due jobs earliest due first, or the claimable ones among the list ``ids``, these
+    each with whether its row has an older job (:attr:`Job.alone`; due jobs say they may:
+    asked of every due job a backlog holds, before its ``LIMIT``, it would cost a lookup
+    each). Due jobs are taken in the order of the due-time index, which then ends the read at
+    ``limit`` (in id order, SQLite sorted every due job of a backlog first, and PostgreSQL
+    walked the ids past every job not due yet: 13 and 22 ms a pass at 50,000 jobs). On
     PostgreSQL the rows are locked (skipping those another transaction holds) and each comes
     with whether this transaction got the advisory lock of its row (a try: it never waits),
     ``got``: two claimers never take one row's jobs at once."""
@@ -877,14 +881,16 @@ def _claimed(form: str | None, postgres: bool, by_ids: bool) -> Select[Any]:
     )
     alive: ColumnElement[bool] = outbox.c.dead.is_(False)  # due jobs: by the due-time index
     older: ColumnElement[Any] = literal(True)
+    order = outbox.c.next_attempt_at
     if by_ids:
         due = due | outbox.c.claimed_by.is_(None)
         alive = _alive()  # found by id
         older = _of_its_row("earlier", lambda earlier: [earlier.c.id < outbox.c.id])
+        order = outbox.c.id
     statement = (
         select(*_COLUMNS, older.label("older"))
         .where(alive, due)
-        .order_by(outbox.c.id)
+        .order_by(order)
         .limit(bindparam("limit", type_=Integer))
     )
     if by_ids:
@@ -1027,6 +1033,7 @@ def has_due(conn: Connection, *, now: dt.datetime | None = None) -> bool:
     stmt = (
         select(outbox.c.id)
         .where(outbox.c.dead.is_(False), outbox.c.next_attempt_at <= (now or utcnow()))
+        .order_by(outbox.c.next_attempt_at)  # the due-time index's first (PostgreSQL scanned)
         .limit(1)
     )
     return conn.execute(stmt).first() is not None
@@ -1115,10 +1122,13 @@ def requeue_dead(
     conn: Connection, table: str | None = None, column: str | None = None, pk: str | None = None
 ) -> int:
     """Give dead-lettered jobs (all, or of ``table``/``column``/``pk``) fresh attempts, due now."""
-    stmt = update(outbox).where(outbox.c.dead.is_(True))
+    stmt = update(outbox)
     for col, value in ((outbox.c.table_name, table), (outbox.c.column_name, column)):
         if value is not None:
             stmt = stmt.where(col == value)
+    # all: through the due-time index; of a table or row: through the row index (see _alive)
+    is_dead = outbox.c.dead if table is None else func.coalesce(outbox.c.dead, False)
+    stmt = stmt.where(is_dead.is_(True))
     if pk is not None:
         stmt = stmt.where(outbox.c.row_pk == pk)
     result = conn.execute(
@@ -1131,7 +1141,7 @@ def expedite(conn: Connection, table: str, column: str) -> int:
     """Make the unleased pending jobs of one column due now (e.g. held back by a drift error)."""
     stmt = (
         update(outbox)
-        .where(outbox.c.dead.is_(False))
+        .where(_alive())  # through the row index, not every pending job's (see _alive)
         .where(outbox.c.claimed_by.is_(None))
         .where(outbox.c.table_name == table)
         .where(outbox.c.column_name == column)

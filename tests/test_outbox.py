@@ -467,6 +467,53 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     assert left == [(str(k), True) for k in range(100, 200)]
 
 
+def test_passes_and_tools_read_what_they_take_whatever_the_backlog(tables: Engine) -> None:
+    """A worker's pass takes the earliest due jobs through the due-time index, ending at its
+    ``limit`` (in id order SQLite sorted every due job of a backlog first); ``has_due`` reads
+    one entry of it; ``expedite`` and ``requeue_dead`` of a column or row go through the row
+    index, not through every pending (or dead) job."""
+    if tables.dialect.name != "sqlite":
+        pytest.skip("SQLite's plans (PostgreSQL plans with table statistics)")
+    now = outbox.utcnow()
+    with tables.begin() as conn:  # a backlog: due jobs of one column, later ones of another
+        due = [JobKey("article", "content", str(k)) for k in range(300)]
+        outbox.enqueue(conn, due, returning=False, now=now - dt.timedelta(seconds=60))
+        later = [JobKey("other", "text", str(k)) for k in range(300)]
+        outbox.enqueue(conn, later, hold=3600, returning=False)
+        outbox.dead_letter(conn, later[:100], "gone")
+        first = outbox.enqueue(conn, [K2], now=now - dt.timedelta(seconds=600))  # due earliest
+    seen: list[tuple[str, object]] = []
+
+    def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:
+        if "semantic_orm_outbox" in statement:
+            seen.append((statement, params))
+
+    sa.event.listen(tables, "before_cursor_execute", record)
+    try:
+        with tables.begin() as conn:
+            taken = outbox.claim(conn, token="me", lease=60, limit=10)
+            assert outbox.has_due(conn)
+            assert outbox.expedite(conn, "other", "text") == 200
+            assert outbox.requeue_dead(conn, "other", "text", "5") == 1
+    finally:
+        sa.event.remove(tables, "before_cursor_execute", record)
+    assert len(taken) == 10 and taken[0].id == first[0].id  # the earliest due first
+    with tables.connect() as conn:
+        for statement, params in seen:
+            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
+            plan = [str(row[-1]) for row in rows]
+            assert not [step for step in plan if "TEMP B-TREE" in step], (statement, plan)
+            if not statement.startswith("SELECT"):  # a claim's and has_due's: the due index
+                assert not any("_due" in step for step in plan), (statement, plan)
+            scans = [
+                step
+                for step in plan
+                if step.startswith("SCAN ")
+                and not any(bounded in step for bounded in _BOUNDED_SCANS)
+            ]
+            assert not scans, (statement, plan)
+
+
 def test_no_birth_lease_without_a_transaction(tables: Engine) -> None:
     """PostgreSQL in AUTOCOMMIT: each statement is its own transaction, so a row's lock would
     end before the look at its leases; the jobs are born unclaimed, held for ``hold``."""

@@ -5,11 +5,13 @@ SQLite and PostgreSQL; no store, no embedder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -415,6 +417,39 @@ _BOUNDED_SCANS = ("VIRTUAL TABLE", "CONSTANT ROW", "(subquery-")
 (``json_each``), a list of values, a subquery of them."""
 
 
+@contextlib.contextmanager
+def _outbox_statements(engine: Engine) -> Iterator[list[tuple[str, object]]]:
+    """The statements on the outbox that ``engine`` runs meanwhile, with their parameters."""
+    seen: list[tuple[str, object]] = []
+
+    def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:
+        if "semantic_orm_outbox" in statement:
+            seen.append((statement, params))
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def _plans(
+    engine: Engine, seen: list[tuple[str, object]]
+) -> Iterator[tuple[str, list[str], list[str]]]:
+    """SQLite's plan of each statement ``seen``: its steps, and those that scan the outbox
+    (under any name: a subquery's alias too), reading every job."""
+    with engine.connect() as conn:
+        for statement, params in seen:
+            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
+            plan = [str(row[-1]) for row in rows]
+            scans = [
+                step
+                for step in plan
+                if step.startswith("SCAN ") and not any(b in step for b in _BOUNDED_SCANS)
+            ]
+            yield statement, plan, scans
+
+
 def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog(
     tables: Engine,
 ) -> None:
@@ -429,14 +464,7 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
     with tables.begin() as conn:  # jobs of other rows, due in a year
         backlog = [JobKey("other", "text", str(k)) for k in range(300)]
         outbox.enqueue(conn, backlog, hold=365 * 86400, returning=False)
-    seen: list[tuple[str, object]] = []
-
-    def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:
-        if "semantic_orm_outbox" in statement:
-            seen.append((statement, params))
-
-    sa.event.listen(tables, "before_cursor_execute", record)
-    try:
+    with _outbox_statements(tables) as seen:
         with tables.begin() as conn:  # a commit of 200 rows (the planner's choice follows sizes)
             keys = [JobKey("article", "content", str(k)) for k in range(200)]
             born = outbox.enqueue(conn, keys, claimed_by="me", lease=60)
@@ -447,22 +475,10 @@ def test_a_commit_reads_its_rows_jobs_through_the_row_index_whatever_the_backlog
                 conn, born[100:150], failed, token="me", permanent=True, retry_in=0, max_failures=5
             )
             outbox.dead_letter(conn, keys[100:], "gone")
-    finally:
-        sa.event.remove(tables, "before_cursor_execute", record)
     assert seen
-    with tables.connect() as conn:
-        for statement, params in seen:
-            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
-            plan = [str(row[-1]) for row in rows]
-            # the due-time index (dead, next_attempt_at) leads through every pending job; a
-            # scan of the outbox under any name (a subquery's alias too) reads every job
-            scans = [
-                step
-                for step in plan
-                if step.startswith("SCAN ")
-                and not any(bounded in step for bounded in _BOUNDED_SCANS)
-            ]
-            assert not scans and not any("_due" in step for step in plan), (statement, plan)
+    for statement, plan, scans in _plans(tables, seen):
+        # the due-time index (dead, next_attempt_at) leads through every pending job
+        assert not scans and not any("_due" in step for step in plan), (statement, plan)
     left = [(j["row_pk"], j["dead"]) for j in jobs(tables) if j["table_name"] == "article"]
     assert left == [(str(k), True) for k in range(100, 200)]
 
@@ -482,36 +498,17 @@ def test_passes_and_tools_read_what_they_take_whatever_the_backlog(tables: Engin
         outbox.enqueue(conn, later, hold=3600, returning=False)
         outbox.dead_letter(conn, later[:100], "gone")
         first = outbox.enqueue(conn, [K2], now=now - dt.timedelta(seconds=600))  # due earliest
-    seen: list[tuple[str, object]] = []
-
-    def record(conn: object, cursor: object, statement: str, params: object, *rest: object) -> None:
-        if "semantic_orm_outbox" in statement:
-            seen.append((statement, params))
-
-    sa.event.listen(tables, "before_cursor_execute", record)
-    try:
+    with _outbox_statements(tables) as seen:
         with tables.begin() as conn:
             taken = outbox.claim(conn, token="me", lease=60, limit=10)
             assert outbox.has_due(conn)
             assert outbox.expedite(conn, "other", "text") == 200
             assert outbox.requeue_dead(conn, "other", "text", "5") == 1
-    finally:
-        sa.event.remove(tables, "before_cursor_execute", record)
     assert len(taken) == 10 and taken[0].id == first[0].id  # the earliest due first
-    with tables.connect() as conn:
-        for statement, params in seen:
-            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
-            plan = [str(row[-1]) for row in rows]
-            assert not [step for step in plan if "TEMP B-TREE" in step], (statement, plan)
-            if not statement.startswith("SELECT"):  # a claim's and has_due's: the due index
-                assert not any("_due" in step for step in plan), (statement, plan)
-            scans = [
-                step
-                for step in plan
-                if step.startswith("SCAN ")
-                and not any(bounded in step for bounded in _BOUNDED_SCANS)
-            ]
-            assert not scans, (statement, plan)
+    for statement, plan, scans in _plans(tables, seen):
+        assert not scans and not [step for step in plan if "TEMP B-TREE" in step], plan
+        if not statement.startswith("SELECT"):  # a claim's and has_due's: the due index
+            assert not any("_due" in step for step in plan), (statement, plan)
 
 
 def test_jobs_roll_back_with_their_transaction_even_as_its_first_statement(

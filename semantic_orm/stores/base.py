@@ -94,7 +94,9 @@ def point_id(collection: str, pk: str, chunk_index: int) -> str:
 
 META_SEPARATOR: Final = "\x1f"
 """Between a point's digests and its metadata in :attr:`PointPayload.DIGESTS_KEY`."""
-_to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+"""Metadata as stored: keys sorted, so that metadata built in another order (from a set, say)
+is stored the same, and an unchanged chunk is left alone (the sync compares payloads)."""
 
 
 def _from_json(encoded: str) -> dict[str, Any]:
@@ -211,7 +213,8 @@ class PointPayload:
             if rest:
                 try:
                     out[cls.DIGESTS_KEY] = f"{digests}{META_SEPARATOR}{_to_json(rest)}"
-                except (TypeError, ValueError):  # values JSON cannot hold: stored as they are
+                except (TypeError, ValueError, RecursionError):  # values JSON cannot hold:
+                    # stored as they are (the store says what it makes of them)
                     nested = dict(meta)
             if nested:
                 out[cls.META_KEY] = nested

@@ -95,10 +95,17 @@ class Candidate:
 
     hit: StoreHit
     payload: PointPayload
+    """The hit's payload, read without its chunk metadata (:meth:`PointPayload.meta_of` of
+    ``hit.payload`` gives it: a search reads it of the candidates it returns)."""
     score: float
     scores: Mapping[str, float] = field(default_factory=dict)
     """Raw score per ranking it appeared in (``"dense"`` cosine, ``"keyword"`` BM25)."""
     tier: int = 0
+
+
+def _payload(hit: StoreHit) -> PointPayload:
+    """A candidate's payload: what ranks it and locates its chunk, not its metadata."""
+    return PointPayload.from_dict(hit.payload, meta=False)
 
 
 class Fusion(Protocol):
@@ -291,9 +298,7 @@ def fuse_tier(
         fresh = [hit for hit in points if hit.id not in seen]
         seen.update(hit.id for hit in fresh)
         return [
-            Candidate(
-                hit, PointPayload.from_dict(hit.payload), hit.score / scale, {name: hit.score}, tier
-            )
+            Candidate(hit, _payload(hit), hit.score / scale, {name: hit.score}, tier)
             for hit in fresh
         ]
     ranks: dict[str, dict[str, int]] = {}
@@ -313,7 +318,7 @@ def fuse_tier(
             score = hit.score / scale
         else:
             score = fusion.score(ranks[pid], raw[pid], floors)
-        out.append(Candidate(hit, PointPayload.from_dict(hit.payload), score, dict(raw[pid]), tier))
+        out.append(Candidate(hit, _payload(hit), score, dict(raw[pid]), tier))
     out.sort(key=lambda c: (-c.score, pk_order(c.payload.pk), c.payload.chunk_index, c.hit.id))
     seen.update(hits)
     return out

@@ -622,7 +622,7 @@ def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
         start_offset=p.start_offset,
         end_offset=p.end_offset,
         total_chunks=p.total_chunks,
-        metadata=p.meta,  # the candidate's own copy (PointPayload.from_dict)
+        metadata=PointPayload.meta_of(cand.hit.payload),  # a copy of its own
     )
     return ScoredChunk(chunk, cand.score, cand.scores)
 

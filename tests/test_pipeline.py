@@ -8,6 +8,7 @@ Plumbing tests on SQLite and PostgreSQL and on both store adapters, with the fak
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -221,6 +222,9 @@ def test_chunk_metadata_is_packed_with_the_digests_but_the_chunk_types(
     p = PointPayload("7", 1, 10, 50, 3, "1d52", "61dc", "2:english", "8e16", meta)
     stored = p.to_dict()
     assert PointPayload.from_dict(stored) == p
+    # a search ranks its candidates without their metadata and reads that of its hits
+    assert PointPayload.meta_of(stored) == meta
+    assert PointPayload.from_dict(stored, meta=False) == PointPayload(*astuple(p)[:-2], {}, {})
     # the same metadata built in another order (from a set...) is stored the same: the sync
     # compares payloads, and an unchanged chunk must not be written again
     reordered = dict(reversed(meta.items()))
@@ -238,6 +242,30 @@ def test_chunk_metadata_is_packed_with_the_digests_but_the_chunk_types(
     # metadata that does not read as JSON (written by hand) is none, the digests still read
     broken = PointPayload.from_dict({**stored, "digests": f"1d52 8e16 61dc 2{META_SEPARATOR}{{"})
     assert (broken.config, broken.analyzer, broken.meta) == ("61dc", "2", stored.get("meta", {}))
+
+
+def test_search_hits_carry_their_chunks_metadata(tables: Engine, store: Any) -> None:
+    """A hit's chunk has the metadata its chunker gave it (read from the packed payload of
+    the hits a search returns, not of every candidate it ranks), in every mode."""
+    idx = SemanticIndex(store=store, embedder=HashEmbedder())
+    factory = sessionmaker(tables, expire_on_commit=False)
+    idx.install(factory)
+    with factory() as s:
+        article = Article(title="t", content=LONG)
+        s.add(article)
+        s.commit()
+    (col,) = semantic_columns(inspect(Article))
+    chunks = idx.binding_for(col).chunker.chunk(LONG)
+    assert len(chunks) > 2 and all(c.metadata for c in chunks)
+    with factory() as s:
+        for mode in ("dense", "keyword", "hybrid"):
+            hits = Article.semantic_search(
+                s, "Paragraph 12", limit=3, group_by="chunk", mode=mode, index=idx
+            )
+            assert hits, mode
+            for hit in hits:
+                assert hit.chunk.metadata == chunks[hit.chunk.index].metadata, mode
+    idx.uninstall(factory)
 
 
 def test_reindexing_unchanged_rows_embeds_nothing(tables: Engine, store: Any) -> None:

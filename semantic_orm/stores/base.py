@@ -223,16 +223,28 @@ class PointPayload:
         return out
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> PointPayload:
-        """Read a stored payload (keys a point written by an older version lacks default)."""
-        get = raw.get  # a search reads one per candidate
-        packed = get(cls.DIGESTS_KEY)
-        meta = dict(get(cls.META_KEY) or {})
+    def meta_of(cls, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The chunk metadata of a stored payload: packed with the digests, the chunk types
+        nested (or all of it nested, as written before)."""
+        meta = dict(raw.get(cls.META_KEY) or {})
+        packed = raw.get(cls.DIGESTS_KEY)
         if packed is not None:
-            values, _, encoded = str(packed).partition(META_SEPARATOR)
+            encoded = str(packed).partition(META_SEPARATOR)[2]
             if encoded:
                 meta = {**_from_json(encoded), **meta}
-            digests = values.split(" ", 3)
+        return meta
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, meta: bool = True) -> PointPayload:
+        """Read a stored payload (keys a point written by an older version lacks default).
+
+        ``meta=False`` leaves the chunk metadata out (empty), unread: a search ranks many
+        candidates and reads the metadata of those it returns (:meth:`meta_of`).
+        """
+        get = raw.get  # a search reads one per candidate
+        packed = get(cls.DIGESTS_KEY)
+        if packed is not None:
+            digests = str(packed).partition(META_SEPARATOR)[0].split(" ", 3)
             digests += [""] * (4 - len(digests))
         else:
             digests = [str(get(key, "")) for key in cls._LEGACY_DIGEST_KEYS]
@@ -247,7 +259,7 @@ class PointPayload:
             config=config,
             analyzer=analyzer,
             text_hash=text_hash,
-            meta=meta,
+            meta=cls.meta_of(raw) if meta else {},
             fields=dict(get(cls.FIELDS_KEY) or {}),
         )
 

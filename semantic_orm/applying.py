@@ -351,7 +351,8 @@ class Applier:
         current: dict[tuple[str, int], dict[str, Any]] = {}
         stored_counts: dict[str, int] = {}
         for point in store.existing(target, live) if live else []:
-            stored = PointPayload.from_dict(point.payload)
+            # (its metadata is compared as stored, in current)
+            stored = PointPayload.from_dict(point.payload, meta=False)
             stored_counts[stored.pk] = max(stored_counts.get(stored.pk, 0), stored.chunk_index + 1)
             if stored.config != config:
                 continue  # produced by another model or chunking: not comparable

@@ -115,14 +115,15 @@ _FIRST_CHUNK = Match(PointPayload.CHUNK_INDEX_KEY, 0)
 def _first_chunks(
     index: SemanticIndex, collection: str, pks: Sequence[str]
 ) -> dict[str, PointPayload]:
-    """The payload of each row's first chunk, for the rows of ``pks`` the index holds."""
+    """The payload of each row's first chunk, for the rows of ``pks`` the index holds
+    (digests, no chunk metadata)."""
     found: dict[str, PointPayload] = {}
     where = Filter(must=(MatchAny(PointPayload.PK_KEY, tuple(pks)), _FIRST_CHUNK))
     offset: Any = None
     while pks:
         hits, offset = index.store.scroll(collection, offset=offset, limit=_PAGE, where=where)
         for hit in hits:
-            payload = PointPayload.from_dict(hit.payload)
+            payload = PointPayload.from_dict(hit.payload, meta=False)
             found[payload.pk] = payload
         if offset is None:
             return found
@@ -130,12 +131,13 @@ def _first_chunks(
 
 
 def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[PointPayload]]:
-    """The first-chunk payloads of every row the index holds, a page at a time."""
+    """The first-chunk payloads of every row the index holds, a page at a time (keys and
+    digests, no chunk metadata)."""
     offset: Any = None
     where = Filter(must=(_FIRST_CHUNK,))
     while True:
         hits, offset = index.store.scroll(collection, offset=offset, limit=_PAGE, where=where)
-        yield [PointPayload.from_dict(h.payload) for h in hits]
+        yield [PointPayload.from_dict(h.payload, meta=False) for h in hits]
         if offset is None:
             return
 

@@ -1048,11 +1048,16 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
     SQLite ``ON CONFLICT``), every unique key the Table or the database declares."""
     elements = getattr(clause, "inferred_target_elements", None)
     named = getattr(clause, "constraint_target", None)
+
+    def told(targets: list[list[str]]) -> list[list[str]] | None:
+        # a part that is no mapped column (an expression's "") cannot be told
+        return targets if all(k in table.c for keys in targets for k in keys) else None
+
     if elements:
         keys = [
             e if isinstance(e, str) else e.key if isinstance(e, Column) else "" for e in elements
         ]
-        return [keys] if all(k in table.c for k in keys) else None
+        return told([keys])
     declared: list[tuple[str | None, list[str]]] = [
         (
             None if c.name is None else str(c.name),
@@ -1067,13 +1072,12 @@ def _conflict_targets(conn: Connection, clause: Any, table: Any) -> list[list[st
     if named is not None:
         for name, keys in declared:
             if name == named:
-                return [keys] if all(k in table.c for k in keys) else None
+                return told([keys])
     reflected = _unique_keys(conn, table)
     if named is not None:
         found = [keys for name, keys in reflected if name == named]
-        return found if found and all(k in table.c for k in found[0]) else None
-    every = [keys for _, keys in (*declared, *reflected) if keys]
-    return every if all(k in table.c for keys in every for k in keys) else None
+        return found if found and told(found[:1]) else None
+    return told([keys for _, keys in (*declared, *reflected) if keys])
 
 
 def _unique_keys(conn: Connection, table: Any) -> list[tuple[str | None, list[str]]]:

@@ -84,7 +84,7 @@ def test_an_upsert_reads_the_unique_keys_of_its_translated_schema(
     target = {"constraint": "article_pkey"} if dialect == "postgresql" else {}
     stmt = stmt.on_conflict_do_update(**target, set_={"content": stmt.excluded.content})
     rows = [{"id": 1, "title": "a1", "content": MOUNTAIN}, {"id": 2, "title": "a2", "content": "x"}]
-    for _ in range(2):  # (the second reads them from memory)
+    for _ in range(2):  # (the second updates the rows the first wrote)
         with factory() as s:
             s.execute(stmt, rows)
             s.commit()

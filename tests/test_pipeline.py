@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import astuple
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -242,6 +243,25 @@ def test_chunk_metadata_is_packed_with_the_digests_but_the_chunk_types(
     # metadata that does not read as JSON (written by hand) is none, the digests still read
     broken = PointPayload.from_dict({**stored, "digests": f"1d52 8e16 61dc 2{META_SEPARATOR}{{"})
     assert (broken.config, broken.analyzer, broken.meta) == ("61dc", "2", stored.get("meta", {}))
+
+
+def test_packed_metadata_keeps_values_that_compare_equal_apart() -> None:
+    """Packed metadata is reused by its items, never across values that compare equal but
+    encode apart (``1 == 1.0 == True``, an int key and a bool key), and a read-only mapping
+    packs as a dict does."""
+    values = [1, True, 1.0, "1", None, 0, False]
+    for round_ in range(2):  # the second round reads what the first one packed
+        for value in values:
+            for meta in ({"segment": value}, {1: value} if round_ else {True: value}):
+                stored = PointPayload.stored("7", 0, 0, 5, 1, "d", meta, {})
+                expected = {str(k).lower(): v for k, v in meta.items()}
+                assert PointPayload.meta_of(stored) == expected, (meta, stored)
+                assert type(PointPayload.meta_of(stored)[next(iter(expected))]) is type(value)
+    proxy = MappingProxyType({"section": "Intro", "paragraph": 2})
+    assert PointPayload.stored("7", 0, 0, 5, 1, "d", proxy, {}) == PointPayload.stored(
+        "7", 0, 0, 5, 1, "d", dict(proxy), {}
+    )
+    assert "meta" not in PointPayload.stored("7", 0, 0, 5, 1, "d", proxy, {})
 
 
 def test_search_hits_carry_their_chunks_metadata(tables: Engine, store: Any) -> None:

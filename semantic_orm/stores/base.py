@@ -99,6 +99,29 @@ _to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys
 is stored the same, and an unchanged chunk is left alone (the sync compares payloads)."""
 
 
+_PLAIN: Final = frozenset({str, int, type(None)})
+"""Metadata values whose equality is their JSON's: ``1 == 1.0 == True`` encode apart."""
+_PACKED_MAX = 4096
+_packed: dict[tuple[tuple[str, Any], ...], str] = {}
+"""Metadata packed lately, by its items (a chunker gives many chunks the same metadata:
+encoding it cost more than the rest of a payload)."""
+
+
+def _packed_meta(meta: Mapping[str, Any]) -> str:
+    """:data:`META_SEPARATOR` and ``meta`` as JSON, keys sorted (raises what the encoder
+    raises for values JSON cannot hold)."""
+    items = tuple(meta.items())
+    for key, value in items:
+        if type(key) is not str or type(value) not in _PLAIN:  # exact types: bool is not int
+            return META_SEPARATOR + _to_json(meta)  # (unhashable, or equal but encoded apart)
+    packed = _packed.get(items)
+    if packed is None:
+        if len(_packed) >= _PACKED_MAX:
+            _packed.clear()
+        packed = _packed[items] = META_SEPARATOR + _to_json(meta)
+    return packed
+
+
 def _from_json(encoded: str) -> dict[str, Any]:
     """Metadata packed by :meth:`PointPayload.stored` (none if it does not read as such)."""
     try:
@@ -208,11 +231,16 @@ class PointPayload:
             cls.DIGESTS_KEY: digests,
         }
         if meta:
-            nested = {key: meta[key] for key in cls.FILTERED_META if key in meta}
-            rest = {key: value for key, value in meta.items() if key not in nested}
+            if TYPE_KEY in meta or TYPES_KEY in meta:
+                nested = {key: meta[key] for key in cls.FILTERED_META if key in meta}
+                rest: Mapping[str, Any] = {
+                    key: value for key, value in meta.items() if key not in nested
+                }
+            else:
+                nested, rest = {}, meta if type(meta) is dict else dict(meta)
             if rest:
                 try:
-                    out[cls.DIGESTS_KEY] = f"{digests}{META_SEPARATOR}{_to_json(rest)}"
+                    out[cls.DIGESTS_KEY] = digests + _packed_meta(rest)
                 except (TypeError, ValueError, RecursionError):  # values JSON cannot hold:
                     # stored as they are (the store says what it makes of them)
                     nested = dict(meta)

@@ -94,6 +94,7 @@ from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
+from .applying import text_hash
 from .binding import ColumnBinding
 from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
@@ -611,11 +612,16 @@ def _coverage(embedder: Any, query: str) -> float:
 
 
 def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
-    """The chunk a candidate names, cut from the row's current text; ``None`` if stale."""
+    """The chunk a candidate names, cut from the row's current text; ``None`` if stale: the
+    row changed after the point was written (its sync is pending) and the text at the point's
+    offsets is no longer the chunk that matched (its digest says so; a point without one is
+    only checked against the text's length)."""
     p = cand.payload
     if p.end_offset > len(text):
-        return None  # the row changed after this point was written; its sync is pending
+        return None
     piece = text[p.start_offset : p.end_offset]
+    if p.chunk_hash and text_hash(piece) != p.chunk_hash:
+        return None
     chunk = Chunk(
         text=piece,
         index=p.chunk_index,

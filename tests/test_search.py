@@ -211,6 +211,54 @@ def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
         assert hit.chunk.text == "rivers" and hit.chunk.total_chunks == 1
 
 
+@pytest.mark.parametrize("mode", ["dense", "keyword", "hybrid"])
+def test_a_changed_rows_points_show_only_passages_still_in_its_text(
+    engine: Any, installed: Any, mode: str
+) -> None:
+    """While a changed row's sync is pending, its old points name offsets into the new text:
+    a hit shows a passage only where the text there is still the chunk that matched (its
+    digest), never whatever the new text holds at those offsets. (Deferred: the update's sync
+    waits for the drain, with no retrier to race the searches.)"""
+    idx, factory = installed(mode="deferred")
+    head = " ".join(["rivers and lakes carry fresh water"] * 8)
+    tail = " ".join(["owls hunt mice in the barn at night"] * 8)
+    first = f"{head}\n\n{tail}"
+    with factory() as s:
+        art = Article(title="t", content=first)
+        s.add(art)
+        s.commit()
+        idx.drain(engine, timeout=10)
+        hits = Article.semantic_search(s, "rivers lakes", limit=20, group_by="chunk", mode=mode)
+        assert any("rivers" in hit.chunk.text for hit in hits)
+        # the head rewritten at the same length: every old offset still fits the new text
+        art.content = f"{'x' * len(head)}\n\n{tail}"
+        s.commit()
+        for query in ("rivers lakes", "owls hunt mice"):
+            for group_by in ("row", "chunk"):
+                for hit in Article.semantic_search(
+                    s,
+                    query,
+                    limit=20,
+                    group_by=group_by,
+                    mode=mode,  # type: ignore[arg-type]
+                ):
+                    for scored in hit.chunks:
+                        c = scored.chunk
+                        # what matched, and what the row's text holds there now
+                        assert first[c.start_offset : c.end_offset] == c.text, (query, c)
+                        assert art.content[c.start_offset : c.end_offset] == c.text
+        # the tail's chunks are unchanged: still found, their passages still true
+        assert Article.semantic_search(s, "owls hunt mice", limit=1, mode=mode)
+        s.rollback()  # end the read transaction: on SQLite it would block the worker's writes
+        idx.drain(engine, timeout=10)
+        assert not any(
+            "rivers" in hit.chunk.text
+            for hit in Article.semantic_search(
+                s, "rivers lakes", limit=20, group_by="chunk", mode=mode
+            )
+        )
+
+
 @pytest.mark.parametrize("mode", ["dense", "keyword"])
 def test_ties_are_ordered_by_primary_key_and_pages_do_not_overlap(
     Session: sessionmaker[OrmSession], mode: str

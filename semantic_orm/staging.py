@@ -12,7 +12,9 @@ the columns its ``filter_by`` carries into the vector payload):
   two when the primary key changed (the old key's points go, the new key's come);
 * **statements** the session executes (ORM or Core ``insert()``/``update()``/``delete()`` on a
   table with a semantic column, ``bulk_insert_mappings``, ``bulk_update_mappings``,
-  ``bulk_save_objects``, and anything sent through ``session.connection()``): a listener on
+  ``bulk_save_objects``, and anything sent through ``session.connection()``, an application's
+  flush listener's too, which runs inside the flush: the flush's own statements are told
+  apart by their mappers' compiled cache): a listener on
   each connection the session begins reads the rows a statement will touch before it runs (and
   the new primary keys an update assigns), or the keys an insert creates (from its parameters,
   or ``RETURNING``; an upsert, which may update a row other than the one it names, with the
@@ -97,6 +99,8 @@ __all__ = ["SessionTracker", "Staged", "StagingHooks"]
 _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
 _COMPUTED = "semantic_orm.computed"
+_FOREIGN = "semantic_orm.foreign"
+"""In a flush's attributes: a statement of the application wrote a semantic table during it."""
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
 _FIRST = frozenset({"after_begin", "after_commit", "after_rollback", "after_transaction_end"})
@@ -473,7 +477,7 @@ class SessionTracker:
                         computed.setdefault(state, set()).add(col.key)
         # SQL expressions: the flush expires them, after_flush would not see them changed
         flush_context.attributes[_COMPUTED] = computed
-        session.info[_FLUSHING] = True
+        session.info[_FLUSHING] = flush_context
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
         """The flush is over: statements are the user's again."""
@@ -496,8 +500,9 @@ class SessionTracker:
             for state, (isdelete, listonly) in flush_context.states.items()
             if isdelete and not listonly and state not in known
         )
-        # a deletion or a new primary key may cascade in the database to rows staged earlier
-        rewritten = bool(deleted)
+        # a deletion or a new primary key may cascade in the database to rows staged earlier;
+        # a statement of the application inside this flush may have rewritten a flushed row
+        rewritten = bool(deleted) or flush_context.attributes.pop(_FOREIGN, False)
 
         def add(
             state: InstanceState[Any], col: SemanticColumn, key: str, value: Any = _UNKNOWN
@@ -616,18 +621,26 @@ class SessionTracker:
 
     # -- statements --------------------------------------------------------------------------
 
-    def _session_of(self, conn: Connection) -> Session | None:
+    def _session_of(
+        self, conn: Connection, statement: Any = None, options: Mapping[str, Any] | None = None
+    ) -> Session | None:
+        """The installed session whose transaction ``conn`` belongs to, unless ``statement``
+        (executed with ``options``) is its flush's own: after_flush stages those."""
         ref = self._sessions.get(conn)
         session = ref() if ref is not None else None
         if session is None:
             return None
-        if session.info.get(_FLUSHING):
-            # the flush's own statements: staged by after_flush. A flush that ended without
-            # after_flush_postexec (a before_flush listener raised, or it found no work) left
-            # the mark behind: SQLAlchemy's own flag says whether a flush is running
-            if getattr(session, "_flushing", True):
+        flush = session.info.get(_FLUSHING)
+        if flush is not None:
+            # A flush that ended without after_flush_postexec (a before_flush listener raised,
+            # or it found no work) left the mark behind: SQLAlchemy's own flag says whether a
+            # flush is running
+            if not getattr(session, "_flushing", True):
+                session.info.pop(_FLUSHING, None)
+            elif not _foreign(flush, statement, options):
                 return None
-            session.info.pop(_FLUSHING, None)
+            else:  # a flush listener's write to a semantic table: staged as any statement
+                flush.attributes[_FOREIGN] = True  # (and the flush's own texts not trusted)
         return session
 
     def before_execute(
@@ -644,7 +657,7 @@ class SessionTracker:
         procedure): the rows staged so far are then read back after the commit."""
         if isinstance(clauseelement, _HARMLESS):
             return clauseelement, multiparams, params
-        session = self._session_of(conn)
+        session = self._session_of(conn, clauseelement, execution_options)
         if session is None:
             return clauseelement, multiparams, params
         _forget_written(session)
@@ -698,7 +711,8 @@ class SessionTracker:
             if candidate.statement is clauseelement:
                 plan = candidate
                 break
-        session = self._session_of(conn)
+        ref = self._sessions.get(conn)  # (planned: its session's, inside a flush too)
+        session = ref() if ref is not None else None
         if plan is None or session is None:
             return
         keys = plan.keys(result)
@@ -712,6 +726,21 @@ class SessionTracker:
             conn,
             [JobKey(table_name(plan.table), name, key) for key in keys for name in names],
         )
+
+
+def _foreign(flush: UOWTransaction, statement: Any, options: Mapping[str, Any] | None) -> bool:
+    """Whether ``statement``, executed during ``flush``, is a write to a table with a semantic
+    column that the flush did not make itself: an application's flush listener (an
+    ``after_flush`` that rewrites a summary, say). The flush runs its own statements with its
+    mappers' compiled cache (and many-to-many rows on tables of no mapper: not semantic)."""
+    if not isinstance(statement, UpdateBase) or options is None:
+        return False
+    cache = options.get("compiled_cache")
+    if cache is not None and any(m.base_mapper._compiled_cache is cache for m in flush.mappers):
+        return False
+    table = _target(statement)
+    columns = getattr(table, "columns", ())
+    return any(isinstance(c.type, SemanticText) for c in columns)
 
 
 def _forget_written(session: Session) -> None:

@@ -664,3 +664,62 @@ def test_a_column_computed_from_others_follows_their_writes(
     idx.drain(engine, timeout=10)
     for model, coll in ((Summed, "computed_doc__body"), (Stamped, "onupdate_doc__body")):
         assert assert_index_matches_database(engine, store, model, "body", coll) == 2
+
+
+@pytest.mark.parametrize("first", ["index", "application"])
+@pytest.mark.parametrize("how", ["core", "orm", "insert"])
+def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
+    engine: Engine, index: SemanticIndex, first: str, how: str
+) -> None:
+    """An application's ``after_flush`` listener that writes a semantic column (a summary kept
+    up to date, say) runs its statements inside the flush: they are queued like any statement
+    of the session, and the text the flush wrote to a row they rewrite is not trusted, whether
+    the listener runs before the index's or after it."""
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    table = Article.__table__
+
+    def rewrite(session: OrmSession, flush_context: Any) -> None:
+        plain = [obj for obj in session.new if isinstance(obj, Plain)]
+        if not plain:
+            return
+        for pk in (1, 2):  # row 1 is not in the flush; row 2 is, its new text just written
+            text = f"row {pk} rewritten by the listener: volcanoes erupt lava"
+            if how == "orm":
+                session.execute(update(Article).where(Article.id == pk).values(content=text))
+            else:
+                session.connection().execute(
+                    update(table).where(table.c.id == pk).values(content=text)
+                )
+        if how == "insert":
+            session.connection().execute(
+                insert(table).values(id=10 + plain[0].id, title="t", content="a new row")
+            )
+
+    if first == "application":
+        sa.event.listen(factory, "after_flush", rewrite)
+    index.install(factory)
+    if first == "index":
+        sa.event.listen(factory, "after_flush", rewrite)
+    try:
+        with factory() as s:
+            s.add_all(Article(id=i, title=f"t{i}", content=f"cats purr {i}") for i in (1, 2))
+            s.add(Plain(id=1, name="seed"))  # (rows 1 and 2 are not in the session yet)
+            s.commit()
+        index.drain(engine, timeout=10)
+        assert_index_matches_database(engine, index.store)
+        with factory() as s:
+            row = s.get(Article, 2)
+            assert row is not None
+            row.content = "the flush writes this text, which the listener replaces"
+            s.add(Plain(id=2, name="touch"))
+            s.commit()
+        index.drain(engine, timeout=10)
+        with engine.connect() as conn:
+            texts = dict(conn.execute(select(table.c.id, table.c.content)).all())
+        assert "volcanoes" in texts[1] and "volcanoes" in texts[2]
+        assert sorted(texts) == ([1, 2, 11, 12] if how == "insert" else [1, 2])
+        assert_index_matches_database(engine, index.store)
+        assert not jobs(engine)
+    finally:
+        index.uninstall(factory)

@@ -43,7 +43,7 @@ from .forking import RenewedLock
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
 
-__all__ = ["Applier", "ApplyReport", "Outage", "RowValue", "SyncOp", "text_hash"]
+__all__ = ["Applier", "ApplyReport", "Outage", "RowValue", "SyncOp", "chunks_of", "text_hash"]
 
 log = logging.getLogger("semantic_orm")
 
@@ -76,6 +76,25 @@ def _yield() -> None:
 def text_hash(text: str) -> str:
     """Digest of a text, as stored in point payloads."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
+
+
+def _cut(binding: ColumnBinding, text: str) -> tuple[list[Chunk], list[Chunk], int]:
+    """The chunker's chunks of ``text``, those chunks fitted to the model's window (split at
+    token boundaries where a token-aware embedder's window is shorter), and the window's
+    budget in tokens (0: none applies)."""
+    chunks = binding.chunker.chunk(text)
+    embedder = binding.embedder
+    window = embedder.max_seq_length
+    if not (chunks and window and isinstance(embedder, TokenAwareEmbedder)):
+        return chunks, chunks, 0
+    budget = window - embedder.special_token_count()
+    return chunks, fit_to_window(chunks, text, embedder.token_spans, budget), budget
+
+
+def chunks_of(binding: ColumnBinding, text: str | None) -> list[Chunk]:
+    """The chunks a sync of ``binding``'s column writes for ``text`` (fitted to the model's
+    window), without the sync's warnings."""
+    return _cut(binding, text)[1] if text else []
 
 
 class RowValue(NamedTuple):
@@ -316,16 +335,10 @@ class Applier:
         """The chunks of ``text``, fitted to the model's window."""
         if not text:
             return []
-        chunks = binding.chunker.chunk(text)
-        embedder = binding.embedder
-        window = embedder.max_seq_length
-        if chunks and window and isinstance(embedder, TokenAwareEmbedder):
-            budget = window - embedder.special_token_count()
-            fitted = fit_to_window(chunks, text, embedder.token_spans, budget)
-            if len(fitted) > len(chunks):
-                self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
-            chunks = fitted
-        return chunks
+        chunks, fitted, budget = _cut(binding, text)
+        if len(fitted) > len(chunks):
+            self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
+        return fitted
 
     def _apply(self, ops: list[SyncOp], report: ApplyReport) -> None:
         binding = ops[0].binding

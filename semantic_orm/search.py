@@ -94,7 +94,7 @@ from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
-from .applying import text_hash
+from .applying import chunks_of, text_hash
 from .binding import ColumnBinding
 from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
@@ -390,6 +390,10 @@ class ScoredChunk:
     """Its score in each ranking that found it: ``"dense"`` (cosine), ``"keyword"`` (raw BM25)
     and ``"keyword_share"`` (BM25 over the query's attainable maximum, 0 to 1); in hybrid mode
     also ``"fused"`` (equal to :attr:`score`)."""
+    stale: bool = False
+    """The row changed since this chunk was indexed (its sync is pending) and its text no
+    longer holds the chunk: :attr:`chunk` is the row's current text at the chunk's old
+    offsets, not the passage that matched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,11 +423,17 @@ class SearchHit(Generic[T]):
         """The best chunk's score in each ranking (see :attr:`ScoredChunk.scores`)."""
         return self.chunks[0].scores
 
+    @property
+    def stale(self) -> bool:
+        """Whether the best chunk's passage is not what matched (see
+        :attr:`ScoredChunk.stale`): the row changed and its sync is pending."""
+        return self.chunks[0].stale
+
     def highlight(self, before: str = "**", after: str = "**", context: int = 80) -> str:
         """The best chunk marked with ``before``/``after``, with ``context`` characters around.
 
         The passage comes from the row's text at the chunk's offsets, so this is exactly what
-        was embedded.
+        was embedded (unless :attr:`stale`: the row changed and its sync is pending).
         """
         chunk = self.chunk
         source = self.text
@@ -611,16 +621,33 @@ def _coverage(embedder: Any, query: str) -> float:
     return 1.0 if value is None else float(value)
 
 
-def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
-    """The chunk a candidate names, cut from the row's current text; ``None`` if stale: the
-    row changed after the point was written (its sync is pending) and the text at the point's
-    offsets is no longer the chunk that matched (its digest says so; a point without one is
-    only checked against the text's length)."""
+def _scored(
+    cand: Candidate, text: str, binding: ColumnBinding, current: dict[str, dict[str, list[Chunk]]]
+) -> ScoredChunk | None:
+    """The chunk a candidate names, cut from the row's current text.
+
+    A row changed after its points were written (its sync is pending) may hold the chunk
+    elsewhere: the point's digest finds it among the chunks of the current text (cut once per
+    row and search into ``current``), at its new offsets. Where the chunk's own text changed,
+    the passage at its old offsets is marked :attr:`ScoredChunk.stale` (``None`` if they no
+    longer fit). A point without a digest is only checked against the text's length.
+    """
     p = cand.payload
-    if p.end_offset > len(text):
-        return None
-    piece = text[p.start_offset : p.end_offset]
-    if p.chunk_hash and text_hash(piece) != p.chunk_hash:
+    fits = p.end_offset <= len(text)
+    piece = text[p.start_offset : p.end_offset] if fits else ""
+    if p.chunk_hash and (not fits or text_hash(piece) != p.chunk_hash):
+        if p.pk not in current:
+            current[p.pk] = _chunks_by_digest(binding, text)
+        same = current[p.pk].get(p.chunk_hash)
+        if same:  # (a text repeated in the row: the one nearest to where it was)
+            moved = min(same, key=lambda c: abs(c.start_offset - p.start_offset))
+            # with the metadata of where it is now (a copy of its own)
+            chunk = replace(moved, metadata=dict(moved.metadata))
+            return ScoredChunk(chunk, cand.score, cand.scores)
+        stale = True
+    else:
+        stale = False
+    if not fits:
         return None
     chunk = Chunk(
         text=piece,
@@ -630,7 +657,20 @@ def _scored(cand: Candidate, text: str) -> ScoredChunk | None:
         total_chunks=p.total_chunks,
         metadata=PointPayload.meta_of(cand.hit.payload),  # a copy of its own
     )
-    return ScoredChunk(chunk, cand.score, cand.scores)
+    return ScoredChunk(chunk, cand.score, cand.scores, stale)
+
+
+def _chunks_by_digest(binding: ColumnBinding, text: str) -> dict[str, list[Chunk]]:
+    """The chunks a sync would write for ``text`` now, by their text's digest (none if the
+    chunker fails on it: the search goes on without them)."""
+    found: dict[str, list[Chunk]] = {}
+    try:
+        chunks = chunks_of(binding, text)
+    except Exception:  # a custom chunker's own failure is the sync's to report
+        return found
+    for chunk in chunks:
+        found.setdefault(text_hash(chunk.text), []).append(chunk)
+    return found
 
 
 def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:
@@ -742,6 +782,7 @@ def _steps(
     row_tier: dict[str, int] = {}  # a row's chunks are those of the tier it first ranks in
     row_chunks: dict[str, list[ScoredChunk]] = {}
     chosen: dict[str, list[Chunk]] = {}
+    current: dict[str, dict[str, list[Chunk]]] = {}  # changed rows' chunks now, by digest
     seen: set[str] = set()
     # fused lists need one fixed window for a stable order; one list is totally ordered at any
     # depth, so it is read about as deep as the page needs (a row may need a few chunks), and
@@ -793,7 +834,7 @@ def _steps(
                 obj = rows.loaded.get(pk)
                 if obj is None:
                     continue
-                scored = _scored(cand, _text(obj, col))
+                scored = _scored(cand, _text(obj, col), binding, current)
                 if scored is None:
                     continue
                 if by_row:

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 import pytest
-from sqlalchemy import String
+from sqlalchemy import String, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session as OrmSession
 from semantic_orm import (
     ConfigurationError,
     ReciprocalRankFusion,
+    ScoredChunk,
     ScoreFusion,
     SemanticIndex,
     SemanticSearchMixin,
@@ -26,6 +27,7 @@ from semantic_orm import (
     keywords,
     semantic_search,
 )
+from semantic_orm.mapping import semantic_columns
 from semantic_orm.stores import PointPayload, SearchRequest
 
 from .models import Article, Note
@@ -212,50 +214,65 @@ def test_stale_points_of_a_changed_row_are_skipped_not_crashed_on(
 
 
 @pytest.mark.parametrize("mode", ["dense", "keyword", "hybrid"])
-def test_a_changed_rows_points_show_only_passages_still_in_its_text(
-    engine: Any, installed: Any, mode: str
+def test_a_changed_rows_hits_show_where_its_chunks_are_now_or_say_they_are_stale(
+    engine: Engine, installed: Any, mode: str
 ) -> None:
-    """While a changed row's sync is pending, its old points name offsets into the new text:
-    a hit shows a passage only where the text there is still the chunk that matched (its
-    digest), never whatever the new text holds at those offsets. (Deferred: the update's sync
-    waits for the drain, with no retrier to race the searches.)"""
+    """While a changed row's sync is pending, its old points name offsets into the new text. A
+    chunk the new text still holds is shown where it is now (its digest finds it); one whose
+    own text changed is shown at its old offsets, marked stale, never passed off as the
+    passage that matched. (Deferred: the syncs wait for the drain, no retrier races.)"""
     idx, factory = installed(mode="deferred")
-    head = " ".join(["rivers and lakes carry fresh water"] * 8)
-    tail = " ".join(["owls hunt mice in the barn at night"] * 8)
-    first = f"{head}\n\n{tail}"
+    rivers = " ".join(["rivers and lakes carry fresh water"] * 8)
+    owls = " ".join(["owls hunt mice in the barn at night"] * 8)
+    first = f"{rivers}\n\n{owls}"
+    (col,) = semantic_columns(inspect(Article))
+
+    def passages(s: OrmSession, query: str, text: str) -> list[ScoredChunk]:
+        """Every chunk of every hit, by row and by chunk; each is ``text`` at its offsets."""
+        found = []
+        for group_by in ("row", "chunk"):
+            for hit in Article.semantic_search(
+                s,
+                query,
+                limit=20,
+                group_by=group_by,  # type: ignore[arg-type]
+                mode=mode,  # type: ignore[arg-type]
+            ):
+                assert hit.stale == hit.chunks[0].stale
+                for scored in hit.chunks:
+                    c = scored.chunk
+                    assert text[c.start_offset : c.end_offset] == c.text
+                    found.append(scored)
+        assert found, query
+        return found
+
     with factory() as s:
         art = Article(title="t", content=first)
         s.add(art)
         s.commit()
         idx.drain(engine, timeout=10)
-        hits = Article.semantic_search(s, "rivers lakes", limit=20, group_by="chunk", mode=mode)
-        assert any("rivers" in hit.chunk.text for hit in hits)
-        # the head rewritten at the same length: every old offset still fits the new text
-        art.content = f"{'x' * len(head)}\n\n{tail}"
+        assert not any(p.stale for p in passages(s, "rivers lakes", first))
+        # a paragraph put first: every chunk moved, none changed
+        moved = f"mistral winds blow\n\n{first}"
+        art.content = moved
         s.commit()
+        now = {c.text: c for c in idx.binding_for(col).chunker.chunk(moved)}
         for query in ("rivers lakes", "owls hunt mice"):
-            for group_by in ("row", "chunk"):
-                for hit in Article.semantic_search(
-                    s,
-                    query,
-                    limit=20,
-                    group_by=group_by,
-                    mode=mode,  # type: ignore[arg-type]
-                ):
-                    for scored in hit.chunks:
-                        c = scored.chunk
-                        # what matched, and what the row's text holds there now
-                        assert first[c.start_offset : c.end_offset] == c.text, (query, c)
-                        assert art.content[c.start_offset : c.end_offset] == c.text
-        # the tail's chunks are unchanged: still found, their passages still true
-        assert Article.semantic_search(s, "owls hunt mice", limit=1, mode=mode)
-        s.rollback()  # end the read transaction: on SQLite it would block the worker's writes
+            for scored in passages(s, query, moved):
+                assert not scored.stale and now[scored.chunk.text] == scored.chunk
+        # the first paragraph rewritten at the same length: its old offsets still fit
+        rewritten = f"{'x' * len(rivers)}\n\n{owls}"
+        art.content = rewritten
+        s.commit()
+        found = passages(s, "rivers lakes", rewritten) + passages(s, "owls", rewritten)
+        assert any(p.stale for p in found)
+        assert all(p.stale == ("xxx" in p.chunk.text) for p in found)
+        s.rollback()  # end the read transaction: on SQLite it would block the drain's writes
         idx.drain(engine, timeout=10)
+        assert not any(p.stale for p in passages(s, "owls hunt mice", rewritten))
         assert not any(
-            "rivers" in hit.chunk.text
-            for hit in Article.semantic_search(
-                s, "rivers lakes", limit=20, group_by="chunk", mode=mode
-            )
+            "rivers" in hit.chunk.text or hit.stale
+            for hit in Article.semantic_search(s, "rivers lakes", limit=20, mode=mode)
         )
 
 
@@ -487,7 +504,7 @@ def test_a_shallow_first_read_returns_what_reading_the_whole_tier_returns(
     installed: Any, mode: str
 ) -> None:
     """A one-list search by row reads the page's depth first; it must change nothing."""
-    from sqlalchemy import func, inspect, select
+    from sqlalchemy import func, select
 
     from semantic_orm import search as search_module
 

@@ -38,7 +38,13 @@ from . import signals
 from .binding import ColumnBinding
 from .chunking import Chunk, fit_to_window
 from .embedding import TokenAwareEmbedder
-from .exc import ChunkTooLongWarning, ModelCoverageWarning, VectorStoreError, is_transient
+from .exc import (
+    ChunkTooLongWarning,
+    ModelCoverageWarning,
+    SemanticValueError,
+    VectorStoreError,
+    is_transient,
+)
 from .forking import RenewedLock
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
@@ -81,8 +87,23 @@ def text_hash(text: str) -> str:
 def _cut(binding: ColumnBinding, text: str) -> tuple[list[Chunk], list[Chunk], int]:
     """The chunker's chunks of ``text``, those chunks fitted to the model's window (split at
     token boundaries where a token-aware embedder's window is shorter), and the window's
-    budget in tokens (0: none applies)."""
-    chunks = binding.chunker.chunk(text)
+    budget in tokens (0: none applies).
+
+    Raises:
+        SemanticValueError: A chunk is not the text at its offsets (a custom chunker's
+            mistake, for this text): its passages would not be the text that was embedded.
+            Permanent, as when fitting finds it: the row is dead-lettered, not the batch
+            retried.
+    """
+    chunker = binding.chunker
+    chunks = chunker.chunk(text)
+    for c in chunks:
+        if text[c.start_offset : c.end_offset] != c.text:
+            raise SemanticValueError(
+                f"{binding.label}: chunker {type(chunker).__name__} returned chunk {c.index} "
+                f"whose text is not the text at its offsets [{c.start_offset}:{c.end_offset}] "
+                "(a chunker returns exact slices of the text: see semantic_orm.chunking.Chunker)"
+            )
     embedder = binding.embedder
     window = embedder.max_seq_length
     if not (chunks and window and isinstance(embedder, TokenAwareEmbedder)):

@@ -391,9 +391,9 @@ class ScoredChunk:
     and ``"keyword_share"`` (BM25 over the query's attainable maximum, 0 to 1); in hybrid mode
     also ``"fused"`` (equal to :attr:`score`)."""
     stale: bool = False
-    """The row changed since this chunk was indexed (its sync is pending) and its text no
-    longer holds the chunk: :attr:`chunk` is the row's current text at the chunk's old
-    offsets, not the passage that matched."""
+    """The row's text as the search loaded it no longer holds the chunk that was indexed (the
+    row changed and its sync is pending, or the session holds an older copy of it): :attr:`chunk`
+    is that text at the chunk's indexed offsets, not the passage that matched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,14 +426,14 @@ class SearchHit(Generic[T]):
     @property
     def stale(self) -> bool:
         """Whether the best chunk's passage is not what matched (see
-        :attr:`ScoredChunk.stale`): the row changed and its sync is pending."""
+        :attr:`ScoredChunk.stale`)."""
         return self.chunks[0].stale
 
     def highlight(self, before: str = "**", after: str = "**", context: int = 80) -> str:
         """The best chunk marked with ``before``/``after``, with ``context`` characters around.
 
         The passage comes from the row's text at the chunk's offsets, so this is exactly what
-        was embedded (unless :attr:`stale`: the row changed and its sync is pending).
+        was embedded (unless :attr:`stale`).
         """
         chunk = self.chunk
         source = self.text
@@ -626,11 +626,12 @@ def _scored(
 ) -> ScoredChunk | None:
     """The chunk a candidate names, cut from the row's current text.
 
-    A row changed after its points were written (its sync is pending) may hold the chunk
-    elsewhere: the point's digest finds it among the chunks of the current text (cut once per
-    row and search into ``current``), at its new offsets. Where the chunk's own text changed,
-    the passage at its old offsets is marked :attr:`ScoredChunk.stale` (``None`` if they no
-    longer fit). A point without a digest is only checked against the text's length.
+    A text that differs from the one indexed (the row changed and its sync is pending, or the
+    session holds an older copy) may hold the chunk elsewhere: the point's digest finds it
+    among the chunks of the loaded text (cut once per row and search into ``current``), at its
+    offsets there. Where the chunk's own text differs, the passage at the indexed offsets is
+    marked :attr:`ScoredChunk.stale` (``None`` if they do not fit). A point without a digest
+    is only checked against the text's length.
     """
     p = cand.payload
     fits = p.end_offset <= len(text)

@@ -38,6 +38,7 @@ from semantic_orm import (
     outbox,
     processing,
 )
+from semantic_orm.chunking import Chunk, register_chunker, registry
 from semantic_orm.maintenance import reconcile, status
 from semantic_orm.testing import FlakyStore, HashEmbedder, MemoryStore
 
@@ -423,6 +424,58 @@ def test_poison_row_is_dead_lettered_while_others_sync(tables: Engine, store: An
         assert outbox.requeue_dead(conn) == 1
     (job,) = jobs(tables)
     assert not job["dead"] and job["attempts"] == 0
+
+
+class _LoweringChunker:
+    """A custom chunker that breaks the contract: its chunks' text is lower-cased."""
+
+    chunk_size, overlap = 900, 0
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def chunk(self, text: str) -> list[Chunk]:
+        return [Chunk(text.lower(), 0, 0, len(text), 1)] if text else []
+
+    def config(self) -> dict[str, Any]:
+        return {"strategy": "lowering", "chunk_size": 900, "overlap": 0}
+
+
+def test_a_chunker_whose_chunks_are_not_the_text_fails_loudly(
+    tables: Engine, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk must be the text at its offsets, or its passage is not what was embedded: a
+    custom chunker that breaks this dead-letters the row, naming the column, chunker and
+    chunk, whatever the embedder (token-aware ones checked it already, when fitting)."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_chunker("lowering", _LoweringChunker)
+
+    class Local(orm.DeclarativeBase):
+        pass
+
+    class Shouted(SemanticSearchMixin, Local):
+        __tablename__ = "shouted_note"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        body: Mapped[str] = mapped_column(SemanticText(chunker="lowering"))
+
+    Local.metadata.create_all(tables)
+    for embedder in (HashEmbedder(), HashEmbedder(max_seq_length=50)):
+        idx = SemanticIndex(store=store, embedder=embedder, mode="deferred", max_attempts=1)
+        factory = sessionmaker(tables)
+        idx.install(factory)
+        with factory() as s:
+            s.add_all([Shouted(id=1, body="all lower case"), Shouted(id=2, body="Not So Here")])
+            s.commit()
+        assert idx.drain(tables, timeout=10).dead == 1
+        (dead,) = jobs(tables)
+        assert dead["row_pk"] == "2" and dead["dead"]
+        assert "Shouted.body: chunker _LoweringChunker returned chunk 0" in dead["last_error"]
+        assert [p.payload["pk"] for p in store.points("shouted_note__body")] == ["1"]
+        with tables.begin() as conn:
+            outbox.delete_column(conn, "shouted_note", "body")
+            conn.execute(Shouted.__table__.delete())
+        idx.uninstall(factory)
+        store.drop_collection("shouted_note__body")
 
 
 def one_row_on_a_flaky_store(installed: Any, **settings: Any) -> tuple[Any, SemanticIndex]:

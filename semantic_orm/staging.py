@@ -12,9 +12,9 @@ the columns its ``filter_by`` carries into the vector payload):
   two when the primary key changed (the old key's points go, the new key's come);
 * **statements** the session executes (ORM or Core ``insert()``/``update()``/``delete()`` on a
   table with a semantic column, ``bulk_insert_mappings``, ``bulk_update_mappings``,
-  ``bulk_save_objects``, and anything sent through ``session.connection()``, an application's
-  flush listener's too, which runs inside the flush: the flush's own statements are told
-  apart by their mappers' compiled cache): a listener on
+  ``bulk_save_objects``, and anything sent through ``session.connection()``, the statements
+  of an application's flush listeners too, which run inside the flush: see :func:`_foreign`):
+  a listener on
   each connection the session begins reads the rows a statement will touch before it runs (and
   the new primary keys an update assigns), or the keys an insert creates (from its parameters,
   or ``RETURNING``; an upsert, which may update a row other than the one it names, with the
@@ -100,10 +100,13 @@ _STAGED = "semantic_orm.staged"
 _FLUSHING = "semantic_orm.flushing"
 _COMPUTED = "semantic_orm.computed"
 _FOREIGN = "semantic_orm.foreign"
-"""In a flush's attributes: a statement of the application wrote a semantic table during it."""
+"""In a flush's attributes: a statement of the application ran during it."""
+_SENT = "semantic_orm.sent"
+"""In a flush's attributes: it has sent its own statements (see ``flush_sent``)."""
+_OWN_TABLES = frozenset({outbox.OUTBOX_TABLE, outbox.CHECKPOINT_TABLE})
+"""The index's own tables: its writes there in a flush are not the application's."""
 _CONNECTIONS = "semantic_orm.connections"
 _COMMITTED = "semantic_orm.committed"
-_FIRST = frozenset({"after_begin", "after_commit", "after_rollback", "after_transaction_end"})
 _CLAIMED = "semantic_orm.claimed"  # the root transaction whose writes claimed schemas
 _KEPT = "semantic_orm.claims_kept"  # ... once it has committed
 _UNKNOWN: Any = object()
@@ -297,15 +300,17 @@ class SessionTracker:
 
     def __init__(self, hooks: StagingHooks) -> None:
         self.hooks = hooks
-        self.listeners: dict[str, Callable[..., None]] = {
-            "after_begin": self.after_begin,
-            "before_flush": self.before_flush,
-            "after_flush": self.after_flush,
-            "after_flush_postexec": self.after_flush_postexec,
-            "after_commit": self.after_commit,
-            "after_rollback": self.after_rollback,
-            "after_transaction_end": self.after_transaction_end,
-        }
+        # (event, listener, whether it goes ahead of the application's)
+        self.listeners: list[tuple[str, Callable[..., None], bool]] = [
+            ("after_begin", self.after_begin, True),
+            ("before_flush", self.before_flush, False),
+            ("after_flush", self.flush_sent, True),
+            ("after_flush", self.after_flush, False),
+            ("after_flush_postexec", self.after_flush_postexec, False),
+            ("after_commit", self.after_commit, True),
+            ("after_rollback", self.after_rollback, True),
+            ("after_transaction_end", self.after_transaction_end, True),
+        ]
         self._sessions: weakref.WeakKeyDictionary[Connection, weakref.ref[Session]] = (
             weakref.WeakKeyDictionary()
         )
@@ -320,21 +325,22 @@ class SessionTracker:
 
         The transaction listeners go first, ahead of the application's: one of those that
         raises in ``after_commit`` (the database has committed by then) must not keep the
-        commit from being seen, synced and its schema claims kept. The flush listeners take
+        commit from being seen, synced and its schema claims kept. So does the mark that a
+        flush has sent its statements (:meth:`flush_sent`); the other flush listeners take
         their turn in the order of registration.
         """
         if target in self._targets:
             return
-        for name, fn in self.listeners.items():  # not event.contains(): SQLAlchemy keys its
+        for name, fn, first in self.listeners:  # not event.contains(): SQLAlchemy keys its
             # record by id(target), which a dead factory's class leaves to a new one
-            event.listen(target, name, fn, insert=name in _FIRST)
+            event.listen(target, name, fn, insert=first)
         self._targets[target] = True
 
     def remove(self, target: Any) -> None:
         """Stop listening on ``target``."""
         if self._targets.pop(target, None) is None:
             return
-        for name, fn in self.listeners.items():
+        for name, fn, _ in self.listeners:
             if event.contains(target, name, fn):
                 event.remove(target, name, fn)
 
@@ -478,6 +484,12 @@ class SessionTracker:
         # SQL expressions: the flush expires them, after_flush would not see them changed
         flush_context.attributes[_COMPUTED] = computed
         session.info[_FLUSHING] = flush_context
+
+    @staticmethod
+    def flush_sent(session: Session, flush_context: UOWTransaction) -> None:
+        """The flush has sent all its statements (``after_flush`` comes after them): any
+        statement from here to the end of the flush is an application's flush listener's."""
+        flush_context.attributes[_SENT] = True
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
         """The flush is over: statements are the user's again."""
@@ -639,7 +651,7 @@ class SessionTracker:
                 session.info.pop(_FLUSHING, None)
             elif not _foreign(flush, statement, options):
                 return None
-            else:  # a flush listener's write to a semantic table: staged as any statement
+            else:  # an application's statement inside the flush: staged as any statement
                 flush.attributes[_FOREIGN] = True  # (and the flush's own texts not trusted)
         return session
 
@@ -729,18 +741,31 @@ class SessionTracker:
 
 
 def _foreign(flush: UOWTransaction, statement: Any, options: Mapping[str, Any] | None) -> bool:
-    """Whether ``statement``, executed during ``flush``, is a write to a table with a semantic
-    column that the flush did not make itself: an application's flush listener (an
-    ``after_flush`` that rewrites a summary, say). The flush runs its own statements with its
-    mappers' compiled cache (and many-to-many rows on tables of no mapper: not semantic)."""
-    if not isinstance(statement, UpdateBase) or options is None:
+    """Whether ``statement``, executed during ``flush`` (not a ``SELECT``), is the
+    application's, not the flush's own: staged (and the flush's texts not trusted) as any
+    statement of the session outside a flush is.
+
+    After the flush has sent its statements (:meth:`SessionTracker.flush_sent`), every one is
+    an application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
+    but the index's own outbox writes. While it sends them, a mapper event's listener may write
+    too: there a write to a table with a semantic column is the application's unless it runs
+    with the flushing mappers' compiled cache (the flush's rows, and the bulk methods') or is
+    a many-to-many row of one of their relationships.
+    """
+    table = _target(statement) if isinstance(statement, UpdateBase) else None
+    if table is not None and getattr(table, "name", None) in _OWN_TABLES:
         return False
-    cache = options.get("compiled_cache")
-    if cache is not None and any(m.base_mapper._compiled_cache is cache for m in flush.mappers):
+    if flush.attributes.get(_SENT):
+        return True
+    if table is None:
         return False
-    table = _target(statement)
-    columns = getattr(table, "columns", ())
-    return any(isinstance(c.type, SemanticText) for c in columns)
+    cache = (options or {}).get("compiled_cache")
+    mappers = list(flush.mappers)
+    if cache is not None and any(m.base_mapper._compiled_cache is cache for m in mappers):
+        return False
+    if any(rel.secondary is table for m in mappers for rel in m.relationships):
+        return False
+    return any(isinstance(c.type, SemanticText) for c in getattr(table, "columns", ()))
 
 
 def _forget_written(session: Session) -> None:

@@ -996,7 +996,11 @@ def test_an_inline_commit_indexes_the_text_its_flush_wrote_without_reading_it_ba
         rows[1].content = "row 2 is about lakes now"  # loaded: no SELECT of the session's
         s.add(Article(id=4, title="t", content=None))
         s.commit()
-    assert seen == []  # neither commit read its rows back
+        rows[2].content = "row 3, written by a first flush"
+        s.flush()
+        rows[0].content = "row 1, written by a second flush"  # (its jobs' statements do not
+        s.commit()  # make the first flush's texts unknown)
+    assert seen == []  # no commit read its rows back
     assert [p["end_offset"] for p in points_of(idx, 2)] == [len("row 2 is about lakes now")]
     assert assert_index_matches_database(tables, idx.store) == 3
 

@@ -101,8 +101,6 @@ _FLUSHING = "semantic_orm.flushing"
 _COMPUTED = "semantic_orm.computed"
 _FOREIGN = "semantic_orm.foreign"
 """In a flush's attributes: a statement of the application ran during it."""
-_SENT = "semantic_orm.sent"
-"""In a flush's attributes: it has sent its own statements (see ``flush_sent``)."""
 _OWN_TABLES = frozenset({outbox.OUTBOX_TABLE, outbox.CHECKPOINT_TABLE})
 """The index's own tables: its writes there in a flush are not the application's."""
 _CONNECTIONS = "semantic_orm.connections"
@@ -304,7 +302,6 @@ class SessionTracker:
         self.listeners: list[tuple[str, Callable[..., None], bool]] = [
             ("after_begin", self.after_begin, True),
             ("before_flush", self.before_flush, False),
-            ("after_flush", self.flush_sent, True),
             ("after_flush", self.after_flush, False),
             ("after_flush_postexec", self.after_flush_postexec, False),
             ("after_commit", self.after_commit, True),
@@ -325,8 +322,7 @@ class SessionTracker:
 
         The transaction listeners go first, ahead of the application's: one of those that
         raises in ``after_commit`` (the database has committed by then) must not keep the
-        commit from being seen, synced and its schema claims kept. So does the mark that a
-        flush has sent its statements (:meth:`flush_sent`); the other flush listeners take
+        commit from being seen, synced and its schema claims kept. The flush listeners take
         their turn in the order of registration.
         """
         if target in self._targets:
@@ -484,12 +480,6 @@ class SessionTracker:
         # SQL expressions: the flush expires them, after_flush would not see them changed
         flush_context.attributes[_COMPUTED] = computed
         session.info[_FLUSHING] = flush_context
-
-    @staticmethod
-    def flush_sent(session: Session, flush_context: UOWTransaction) -> None:
-        """The flush has sent all its statements (``after_flush`` comes after them): any
-        statement from here to the end of the flush is an application's flush listener's."""
-        flush_context.attributes[_SENT] = True
 
     def after_flush_postexec(self, session: Session, flush_context: UOWTransaction) -> None:
         """The flush is over: statements are the user's again."""
@@ -649,7 +639,7 @@ class SessionTracker:
             # flush is running
             if not getattr(session, "_flushing", True):
                 session.info.pop(_FLUSHING, None)
-            elif not _foreign(flush, statement, options):
+            elif not _foreign(session, flush, conn, statement, options):
                 return None
             else:  # an application's statement inside the flush: staged as any statement
                 flush.attributes[_FOREIGN] = True  # (and the flush's own texts not trusted)
@@ -740,22 +730,30 @@ class SessionTracker:
         )
 
 
-def _foreign(flush: UOWTransaction, statement: Any, options: Mapping[str, Any] | None) -> bool:
-    """Whether ``statement``, executed during ``flush`` (not a ``SELECT``), is the
-    application's, not the flush's own: staged (and the flush's texts not trusted) as any
+def _foreign(
+    session: Session,
+    flush: UOWTransaction,
+    conn: Connection,
+    statement: Any,
+    options: Mapping[str, Any] | None,
+) -> bool:
+    """Whether ``statement``, executed during ``session``'s ``flush`` (not a ``SELECT``), is
+    the application's, not the flush's own: staged (and the flush's texts not trusted) as any
     statement of the session outside a flush is.
 
-    After the flush has sent its statements (:meth:`SessionTracker.flush_sent`), every one is
-    an application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
-    but the index's own outbox writes. While it sends them, a mapper event's listener may write
-    too: there a write to a table with a semantic column is the application's unless it runs
-    with the flushing mappers' compiled cache (the flush's rows, and the bulk methods') or is
-    a many-to-many row of one of their relationships.
+    Once the flush has sent its statements (SQLAlchemy's unit of work has run: its
+    ``after_flush`` and ``after_flush_postexec`` listeners follow), every one is an
+    application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
+    but the index's own outbox writes. While the unit of work runs, a mapper event's listener
+    may write too: there a write to a table with a semantic column is the application's unless
+    it runs with the flushing mappers' compiled cache (the flush's rows) or is a many-to-many
+    row of one of their relationships (its deletions are queued all the same, and its
+    insertions where their keys can be read back).
     """
     table = _target(statement) if isinstance(statement, UpdateBase) else None
     if table is not None and getattr(table, "name", None) in _OWN_TABLES:
         return False
-    if flush.attributes.get(_SENT):
+    if not getattr(session, "_warn_on_events", False):  # (set while the unit of work runs)
         return True
     if table is None:
         return False
@@ -763,9 +761,10 @@ def _foreign(flush: UOWTransaction, statement: Any, options: Mapping[str, Any] |
     mappers = list(flush.mappers)
     if cache is not None and any(m.base_mapper._compiled_cache is cache for m in mappers):
         return False
-    if any(rel.secondary is table for m in mappers for rel in m.relationships):
+    if not any(isinstance(c.type, SemanticText) for c in getattr(table, "columns", ())):
         return False
-    return any(isinstance(c.type, SemanticText) for c in getattr(table, "columns", ()))
+    secondary = any(rel.secondary is table for m in mappers for rel in m.relationships)
+    return not (secondary and isinstance(statement, Insert) and not conn.dialect.insert_returning)
 
 
 def _forget_written(session: Session) -> None:

@@ -666,7 +666,7 @@ def test_a_column_computed_from_others_follows_their_writes(
         assert assert_index_matches_database(engine, store, model, "body", coll) == 2
 
 
-@pytest.mark.parametrize("first", ["index", "application"])
+@pytest.mark.parametrize("first", ["index", "application", "ahead"])
 @pytest.mark.parametrize(
     "how", ["core", "orm", "insert", "by_key", "bulk_mappings", "text", "mapper_event"]
 )
@@ -677,8 +677,9 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
     date, say) runs its statements inside the flush: they are queued like any statement of
     the session (the bulk paths by primary key too, which run with the flush's own compiled
     cache), and the text the flush wrote to a row they may rewrite is not trusted (raw SQL
-    too), whether the listener runs before the index's or after it. So are the writes of a
-    mapper event's listener, which runs while the flush sends its statements."""
+    too), whether the listener was registered before the index's, after it, or after it but
+    ahead of it (``insert=True``). So are the writes of a mapper event's listener, which runs
+    while the flush sends its statements."""
     Base.metadata.create_all(engine)
     factory = sessionmaker(engine, expire_on_commit=False)
     table = Article.__table__
@@ -721,14 +722,14 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
 
     def listen() -> None:
         if how == "mapper_event":
-            sa.event.listen(Plain, "after_insert", after_insert)
+            sa.event.listen(Plain, "after_insert", after_insert, insert=first == "ahead")
         else:
-            sa.event.listen(factory, "after_flush", after_flush)
+            sa.event.listen(factory, "after_flush", after_flush, insert=first == "ahead")
 
     if first == "application":
         listen()
     index.install(factory)
-    if first == "index":
+    if first != "application":
         listen()
     try:
         with factory() as s:
@@ -757,3 +758,67 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
         index.uninstall(factory)
         if sa.event.contains(Plain, "after_insert", after_insert):
             sa.event.remove(Plain, "after_insert", after_insert)
+
+
+class _Linked(DeclarativeBase):
+    pass
+
+
+class _SecondLink(_Linked):
+    """An association row with a semantic note, also a plain many-to-many's ``secondary``."""
+
+    __tablename__ = "second_link"
+    id: Mapped[int] = mapped_column(primary_key=True)  # a surrogate key: the database's
+    left_id: Mapped[int] = mapped_column(sa.ForeignKey("second_left.id"))
+    right_id: Mapped[int] = mapped_column(sa.ForeignKey("second_right.id"))
+    note: Mapped[str | None] = mapped_column(SemanticText())
+
+
+class _SecondRight(_Linked):
+    __tablename__ = "second_right"
+    id: Mapped[int] = mapped_column(primary_key=True)
+
+
+class _SecondLeft(_Linked):
+    __tablename__ = "second_left"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rights = sa.orm.relationship(_SecondRight, secondary="second_link", overlaps="links")
+    links = sa.orm.relationship(_SecondLink, overlaps="rights")
+
+
+@pytest.mark.parametrize("returning", [True, False])
+def test_a_semantic_secondary_tables_rows_written_by_the_flush(
+    engine: Engine, index: SemanticIndex, returning: bool
+) -> None:
+    """A table with a semantic column used as a many-to-many ``secondary``: the flush writes
+    its rows itself. A row it deletes leaves the index; one it inserts is indexed once its
+    text is written (an insert of no text needs no job: where its new key cannot be read back,
+    no INSERT ... RETURNING, it is not refused either)."""
+    _Linked.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    index.install(factory)
+    saved = engine.dialect.insert_returning
+    engine.dialect.insert_returning = returning
+    try:
+        with factory() as s:
+            s.add(_SecondLeft(id=1, rights=[_SecondRight(id=1), _SecondRight(id=2)]))
+            s.commit()
+        with factory() as s:
+            for link in s.scalars(select(_SecondLink)):
+                link.note = f"a note about link {link.id} and its rivers"
+            s.commit()
+        index.drain(engine, timeout=10)
+        coll = "second_link__note"
+        assert assert_index_matches_database(engine, index.store, _SecondLink, "note", coll) == 2
+        with factory() as s:
+            left = s.get(_SecondLeft, 1)
+            assert left is not None
+            left.rights.remove(s.get(_SecondRight, 1))  # the flush deletes its link row
+            s.commit()
+        index.drain(engine, timeout=10)
+        assert assert_index_matches_database(engine, index.store, _SecondLink, "note", coll) == 1
+        assert not jobs(engine)
+    finally:
+        engine.dialect.insert_returning = saved
+        index.uninstall(factory)
+        _Linked.metadata.drop_all(engine)

@@ -14,14 +14,14 @@ the columns its ``filter_by`` carries into the vector payload):
   table with a semantic column, ``bulk_insert_mappings``, ``bulk_update_mappings``,
   ``bulk_save_objects``, and anything sent through ``session.connection()``, the statements
   of an application's flush listeners too, which run inside the flush: see :func:`_foreign`):
-  a listener on
-  each connection the session begins reads the rows a statement will touch before it runs (and
-  the new primary keys an update assigns), or the keys an insert creates (from its parameters,
-  or ``RETURNING``; an upsert, which may update a row other than the one it names, with the
-  rows holding its conflict's values read first, and a one-row one's ``RETURNING``), and
-  writes their jobs after it ran. An insert whose new keys cannot be
-  known (``from_select``, multi-row ``values()`` without keys) is refused before it runs;
-* nothing else: raw SQL, database cascades and other applications are invisible to a session.
+  a listener on each connection the session begins reads the rows a statement will touch
+  before it runs (and the new primary keys an update assigns), or the keys an insert creates
+  (from its parameters, or ``RETURNING``; an upsert, which may update a row other than the one
+  it names, with the rows holding its conflict's values read first, and a one-row one's
+  ``RETURNING``), and writes their jobs after it ran. An insert whose new keys cannot be known
+  (``from_select``, multi-row ``values()`` without keys) is refused before it runs;
+* nothing else: raw SQL, database cascades and other applications are invisible to a session
+  (raw SQL in a flush, or after it, has the rows the session wrote read back).
   ``semantic-orm reconcile`` converges those (:func:`semantic_orm.maintenance.reconcile`).
 
 Jobs go to the database of the row's table (per-model ``binds`` work), are remembered on the
@@ -746,9 +746,10 @@ def _foreign(
     application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
     but the index's own outbox writes. While the unit of work runs, a mapper event's listener
     may write too: there a write to a table with a semantic column is the application's unless
-    it runs with the flushing mappers' compiled cache (the flush's rows) or is a many-to-many
-    row of one of their relationships (its deletions are queued all the same, and its
-    insertions where their keys can be read back).
+    it runs with the flushing mappers' compiled cache (the flush's rows, staged by
+    ``after_flush``). The many-to-many rows the flush writes to such a table (a relationship's
+    ``secondary``) are no states ``after_flush`` sees: they are staged as statements too, but an
+    insertion whose new keys could not be read back (no ``INSERT ... RETURNING``).
     """
     table = _target(statement) if isinstance(statement, UpdateBase) else None
     if table is not None and getattr(table, "name", None) in _OWN_TABLES:

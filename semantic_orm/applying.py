@@ -49,7 +49,7 @@ from .forking import RenewedLock
 from .outbox import JobKey
 from .stores.base import PointPayload, SparseVector, Store, VectorPoint, point_id
 
-__all__ = ["Applier", "ApplyReport", "Outage", "RowValue", "SyncOp", "chunks_of", "text_hash"]
+__all__ = ["Applier", "ApplyReport", "Outage", "RowValue", "SyncOp", "text_hash"]
 
 log = logging.getLogger("semantic_orm")
 
@@ -110,12 +110,6 @@ def _cut(binding: ColumnBinding, text: str) -> tuple[list[Chunk], list[Chunk], i
         return chunks, chunks, 0
     budget = window - embedder.special_token_count()
     return chunks, fit_to_window(chunks, text, embedder.token_spans, budget), budget
-
-
-def chunks_of(binding: ColumnBinding, text: str | None) -> list[Chunk]:
-    """The chunks a sync of ``binding``'s column writes for ``text`` (fitted to the model's
-    window), without the sync's warnings."""
-    return _cut(binding, text)[1] if text else []
 
 
 class RowValue(NamedTuple):

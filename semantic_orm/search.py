@@ -81,9 +81,11 @@ import asyncio
 import dataclasses
 import logging
 import math
+import threading
 import time
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, overload
@@ -94,7 +96,7 @@ from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from . import keywords, signals
-from .applying import chunks_of, text_hash
+from .applying import text_hash
 from .binding import ColumnBinding
 from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
@@ -628,10 +630,11 @@ def _scored(
 
     A text that differs from the one indexed (the row changed and its sync is pending, or the
     session holds an older copy) may hold the chunk elsewhere: the point's digest finds it
-    among the chunks of the loaded text (cut once per row and search into ``current``), at its
-    offsets there. Where the chunk's own text differs, the passage at the indexed offsets is
-    marked :attr:`ScoredChunk.stale` (``None`` if they do not fit). A point without a digest
-    is only checked against the text's length.
+    among the chunks the chunker cuts from the loaded text (:func:`_chunks_by_digest`, looked
+    up once per row and search into ``current``), at its offsets there. Otherwise the passage
+    at the indexed offsets is marked :attr:`ScoredChunk.stale` (``None`` if they do not fit:
+    the candidate is skipped). A point without a digest is only checked against the text's
+    length.
     """
     p = cand.payload
     fits = p.end_offset <= len(text)
@@ -662,16 +665,38 @@ def _scored(
 
 
 def _chunks_by_digest(binding: ColumnBinding, text: str) -> dict[str, list[Chunk]]:
-    """The chunks a sync would write for ``text`` now, by their text's digest (none if the
-    chunker fails on it: the search goes on without them)."""
+    """The chunks ``binding``'s chunker cuts from ``text``, by their text's digest (none if it
+    fails on it: the search goes on without them). Not fitted to the model's window, which
+    would load the model for a keyword search: a piece of a split chunk is not found again.
+    Kept for the last :data:`_RELOCATED_MAX` texts, across searches: a row whose sync waits
+    (a dead-lettered one, an old copy in a long session) is cut once, not at every search."""
+    chunker = binding.chunker
+    key = (id(chunker), text_hash(text))
+    with _relocated_lock:
+        known = _relocated.get(key)
+        if known is not None and known[0] is chunker:
+            _relocated.move_to_end(key)
+            return known[1]
     found: dict[str, list[Chunk]] = {}
     try:
-        chunks = chunks_of(binding, text)
+        chunks = chunker.chunk(text)
     except Exception:  # a custom chunker's own failure is the sync's to report
-        return found
+        chunks = []
     for chunk in chunks:
-        found.setdefault(text_hash(chunk.text), []).append(chunk)
+        if text[chunk.start_offset : chunk.end_offset] == chunk.text:  # (exact ones only)
+            found.setdefault(text_hash(chunk.text), []).append(chunk)
+    with _relocated_lock:
+        _relocated[key] = (chunker, found)
+        while len(_relocated) > _RELOCATED_MAX:
+            _relocated.popitem(last=False)
     return found
+
+
+_RELOCATED_MAX = 64
+_relocated: OrderedDict[tuple[int, str], tuple[Any, dict[str, list[Chunk]]]] = OrderedDict()
+"""The chunks of texts that differed from their index, most recent last (the chunker is kept
+with them: an id is only unique while its object lives)."""
+_relocated_lock = threading.Lock()
 
 
 def _redundant(chunk: Chunk, chosen: list[Chunk]) -> bool:

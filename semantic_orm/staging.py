@@ -101,6 +101,8 @@ _FLUSHING = "semantic_orm.flushing"
 _COMPUTED = "semantic_orm.computed"
 _FOREIGN = "semantic_orm.foreign"
 """In a flush's attributes: a statement of the application ran during it."""
+_MAPPERS = "semantic_orm.mappers"
+"""In a flush's attributes: what :func:`_flushing` found."""
 _OWN_TABLES = frozenset({outbox.OUTBOX_TABLE, outbox.CHECKPOINT_TABLE})
 """The index's own tables: its writes there in a flush are not the application's."""
 _CONNECTIONS = "semantic_orm.connections"
@@ -641,8 +643,10 @@ class SessionTracker:
                 session.info.pop(_FLUSHING, None)
             elif not _foreign(session, flush, conn, statement, options):
                 return None
-            else:  # an application's statement inside the flush: staged as any statement
-                flush.attributes[_FOREIGN] = True  # (and the flush's own texts not trusted)
+            elif getattr(flush, "transaction", None) is not None:  # (not in before_flush)
+                # an application's statement once the flush writes: the texts it wrote to its
+                # rows are not trusted (it is staged as any statement of the session)
+                flush.attributes[_FOREIGN] = True
         return session
 
     def before_execute(
@@ -741,31 +745,46 @@ def _foreign(
     the application's, not the flush's own: staged (and the flush's texts not trusted) as any
     statement of the session outside a flush is.
 
-    Once the flush has sent its statements (SQLAlchemy's unit of work has run: its
-    ``after_flush`` and ``after_flush_postexec`` listeners follow), every one is an
+    Outside SQLAlchemy's unit of work (its ``before_flush`` listeners come before it, its
+    ``after_flush`` and ``after_flush_postexec`` ones after), every statement is an
     application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
-    but the index's own outbox writes. While the unit of work runs, a mapper event's listener
-    may write too: there a write to a table with a semantic column is the application's unless
-    it runs with the flushing mappers' compiled cache (the flush's rows, staged by
-    ``after_flush``). The many-to-many rows the flush writes to such a table (a relationship's
-    ``secondary``) are no states ``after_flush`` sees: they are staged as statements too, but an
-    insertion whose new keys could not be read back (no ``INSERT ... RETURNING``).
+    but the index's own outbox writes. While the unit of work runs, so is any a mapper event's
+    listener runs (raw SQL too), but those run with the flushing mappers' compiled cache (the
+    flush's rows, staged by ``after_flush``) and the rows of their relationships' many-to-many
+    tables: those the flush writes to a table with a semantic column are no states
+    ``after_flush`` sees, so they are staged as statements too, but an insertion whose new
+    keys could not be read back (no ``INSERT ... RETURNING``).
     """
     table = _target(statement) if isinstance(statement, UpdateBase) else None
     if table is not None and getattr(table, "name", None) in _OWN_TABLES:
         return False
-    if not getattr(session, "_warn_on_events", False):  # (set while the unit of work runs)
-        return True
+    if not getattr(session, "_warn_on_events", True):  # (set while the unit of work runs;
+        return True  # were it gone, every statement would be judged as one of it)
     if table is None:
+        return True
+    caches, secondaries = _flushing(flush)
+    if id((options or {}).get("compiled_cache")) in caches:
         return False
-    cache = (options or {}).get("compiled_cache")
-    mappers = list(flush.mappers)
-    if cache is not None and any(m.base_mapper._compiled_cache is cache for m in mappers):
-        return False
+    if table not in secondaries:
+        return True
     if not any(isinstance(c.type, SemanticText) for c in getattr(table, "columns", ())):
         return False
-    secondary = any(rel.secondary is table for m in mappers for rel in m.relationships)
-    return not (secondary and isinstance(statement, Insert) and not conn.dialect.insert_returning)
+    return not (isinstance(statement, Insert) and not conn.dialect.insert_returning)
+
+
+def _flushing(flush: UOWTransaction) -> tuple[set[int], set[Any]]:
+    """The compiled caches of ``flush``'s mappers (by id) and their relationships'
+    many-to-many tables, found once per flush (its mappers are all known when its first
+    statement runs)."""
+    known: tuple[set[int], set[Any]] | None = flush.attributes.get(_MAPPERS)
+    if known is None:
+        mappers = list(flush.mappers)
+        known = (
+            {id(m.base_mapper._compiled_cache) for m in mappers},
+            {r.secondary for m in mappers for r in m.relationships if r.secondary is not None},
+        )
+        flush.attributes[_MAPPERS] = known
+    return known
 
 
 def _forget_written(session: Session) -> None:

@@ -29,6 +29,7 @@ from semantic_orm import (
 )
 from semantic_orm.mapping import semantic_columns
 from semantic_orm.stores import PointPayload, SearchRequest
+from semantic_orm.testing import HashEmbedder
 
 from .models import Article, Note
 
@@ -274,6 +275,52 @@ def test_a_changed_rows_hits_show_where_its_chunks_are_now_or_say_they_are_stale
             "rivers" in hit.chunk.text or hit.stale
             for hit in Article.semantic_search(s, "rivers lakes", limit=20, mode=mode)
         )
+
+
+class _WindowWatcher(HashEmbedder):
+    """Counts reads of the model's window (a real embedder loads its model to answer)."""
+
+    read = 0
+
+    @property
+    def max_seq_length(self) -> int | None:
+        type(self).read += 1
+        return None
+
+
+def test_finding_a_changed_rows_chunks_again_loads_no_model_and_cuts_each_text_once(
+    engine: Engine, installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks of a changed row's text are found again with its chunker alone (fitting
+    them to the model's window would load the model for a keyword search), and once for that
+    text, not at every search while its sync waits."""
+    idx, factory = installed(mode="deferred", embedder=_WindowWatcher())
+    text = " ".join(["rivers and lakes carry fresh water"] * 8) + "\n\n" + "owls hunt at night"
+    with factory() as s:
+        art = Article(title="t", content=text)
+        s.add(art)
+        s.commit()
+        idx.drain(engine, timeout=10)
+        art.content = f"a paragraph put first\n\n{text}"
+        s.commit()
+        (col,) = semantic_columns(inspect(Article))
+        chunker = type(idx.binding_for(col).chunker)
+        cut: list[str] = []
+        original = chunker.chunk
+
+        def counted(self: Any, value: str) -> Any:
+            cut.append(value)
+            return original(self, value)
+
+        monkeypatch.setattr(chunker, "chunk", counted)
+        _WindowWatcher.read = 0
+        for _ in range(3):
+            hits = Article.semantic_search(s, "rivers lakes", limit=5, mode="keyword")
+            assert hits and not hits[0].stale
+            c = hits[0].chunk
+            assert art.content[c.start_offset : c.end_offset] == c.text and "rivers" in c.text
+        assert _WindowWatcher.read == 0
+        assert cut == [art.content]
 
 
 @pytest.mark.parametrize("mode", ["dense", "keyword"])

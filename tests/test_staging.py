@@ -46,6 +46,7 @@ from .helpers import (
     jobs,
     payloads,
     points_of,
+    reads_of,
     settled,
 )
 from .models import Article, Base, Note, Plain, Translation
@@ -668,7 +669,8 @@ def test_a_column_computed_from_others_follows_their_writes(
 
 @pytest.mark.parametrize("first", ["index", "application", "ahead"])
 @pytest.mark.parametrize(
-    "how", ["core", "orm", "insert", "by_key", "bulk_mappings", "text", "mapper_event"]
+    "how",
+    ["core", "orm", "insert", "by_key", "bulk_mappings", "text", "mapper_event", "mapper_text"],
 )
 def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
     engine: Engine, index: SemanticIndex, first: str, how: str
@@ -717,11 +719,16 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
 
     def after_insert(mapper: Any, connection: Any, target: Plain) -> None:
         texts = {1: "row 1 rewritten by the listener: volcanoes", 2: "row 2: volcanoes"}
+        if how == "mapper_text":  # the flush's row only, as for "text"
+            connection.execute(
+                sa.text("UPDATE article SET content = :c WHERE id = 2"), {"c": texts[2]}
+            )
+            return
         for pk, text_ in texts.items():
             connection.execute(update(table).where(table.c.id == pk).values(content=text_))
 
     def listen() -> None:
-        if how == "mapper_event":
+        if how.startswith("mapper_"):
             sa.event.listen(Plain, "after_insert", after_insert, insert=first == "ahead")
         else:
             sa.event.listen(factory, "after_flush", after_flush, insert=first == "ahead")
@@ -739,7 +746,7 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
             s.add(Plain(id=1, name="seed"))  # (rows 1 and 2 are not in this flush)
             s.commit()
         index.drain(engine, timeout=10)
-        if how != "text":  # (raw SQL on a row no flush wrote is reconcile's)
+        if not how.endswith("text"):  # (raw SQL on a row no flush wrote is reconcile's)
             assert_index_matches_database(engine, index.store)
         with factory() as s:
             row = s.get(Article, 2)
@@ -750,7 +757,7 @@ def test_a_flush_listeners_writes_to_a_semantic_table_are_queued(
         index.drain(engine, timeout=10)
         with engine.connect() as conn:
             texts = dict(conn.execute(select(table.c.id, table.c.content)).all())
-        assert "volcanoes" in texts[2] and ("volcanoes" in texts[1]) == (how != "text")
+        assert "volcanoes" in texts[2] and ("volcanoes" in texts[1]) != how.endswith("text")
         assert sorted(texts) == ([1, 2, 11, 12] if how == "insert" else [1, 2])
         assert_index_matches_database(engine, index.store)  # row 2 read back, for "text"
         assert not jobs(engine)
@@ -771,7 +778,7 @@ class _SecondLink(_Linked):
     id: Mapped[int] = mapped_column(primary_key=True)  # a surrogate key: the database's
     left_id: Mapped[int] = mapped_column(sa.ForeignKey("second_left.id"))
     right_id: Mapped[int] = mapped_column(sa.ForeignKey("second_right.id"))
-    note: Mapped[str | None] = mapped_column(SemanticText())
+    note: Mapped[str | None] = mapped_column(SemanticText(), default="a link about lakes")
 
 
 class _SecondRight(_Linked):
@@ -791,9 +798,9 @@ def test_a_semantic_secondary_tables_rows_written_by_the_flush(
     engine: Engine, index: SemanticIndex, returning: bool
 ) -> None:
     """A table with a semantic column used as a many-to-many ``secondary``: the flush writes
-    its rows itself. A row it deletes leaves the index; one it inserts is indexed once its
-    text is written (an insert of no text needs no job: where its new key cannot be read back,
-    no INSERT ... RETURNING, it is not refused either)."""
+    its rows itself. A row it deletes leaves the index; one it inserts (with a default text) is
+    indexed where its new key can be read back, and, without INSERT ... RETURNING, not refused
+    either (indexed once a session writes its text)."""
     _Linked.metadata.create_all(engine)
     factory = sessionmaker(engine, expire_on_commit=False)
     index.install(factory)
@@ -803,12 +810,17 @@ def test_a_semantic_secondary_tables_rows_written_by_the_flush(
         with factory() as s:
             s.add(_SecondLeft(id=1, rights=[_SecondRight(id=1), _SecondRight(id=2)]))
             s.commit()
+        index.drain(engine, timeout=10)
+        coll = "second_link__note"
+        if returning:
+            assert assert_index_matches_database(engine, index.store, _SecondLink, "note", coll)
+        else:
+            assert index.store.count(coll) == 0  # (no key to name them by: not refused)
         with factory() as s:
             for link in s.scalars(select(_SecondLink)):
                 link.note = f"a note about link {link.id} and its rivers"
             s.commit()
         index.drain(engine, timeout=10)
-        coll = "second_link__note"
         assert assert_index_matches_database(engine, index.store, _SecondLink, "note", coll) == 2
         with factory() as s:
             left = s.get(_SecondLeft, 1)
@@ -822,3 +834,28 @@ def test_a_semantic_secondary_tables_rows_written_by_the_flush(
         engine.dialect.insert_returning = saved
         index.uninstall(factory)
         _Linked.metadata.drop_all(engine)
+
+
+def test_statements_of_a_before_flush_listener_leave_the_flushs_texts_trusted(
+    engine: Engine, index: SemanticIndex
+) -> None:
+    """A ``before_flush`` listener's statement (an audit row, say) runs before the flush
+    writes anything: the texts the flush then writes are what its rows hold, and the commit
+    does not read them back, whichever of the two listeners came first."""
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    index.install(factory)
+    plain = Plain.__table__
+
+    def audit(session: OrmSession, flush_context: Any, instances: Any) -> None:
+        session.connection().execute(insert(plain).values(name="audit"))
+
+    sa.event.listen(factory, "before_flush", audit)
+    try:
+        with reads_of(engine, "article") as seen, factory() as s:
+            s.add(Article(id=1, title="t", content="a row about rivers"))
+            s.commit()
+        assert seen == []
+        assert assert_index_matches_database(engine, index.store) == 1
+    finally:
+        index.uninstall(factory)

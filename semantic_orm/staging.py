@@ -748,12 +748,12 @@ def _foreign(
     Outside SQLAlchemy's unit of work (its ``before_flush`` listeners come before it, its
     ``after_flush`` and ``after_flush_postexec`` ones after), every statement is an
     application's flush listener's (an ``after_flush`` that keeps a summary up to date, say),
-    but the index's own outbox writes. While the unit of work runs, so is any a mapper event's
-    listener runs (raw SQL too), but those run with the flushing mappers' compiled cache (the
-    flush's rows, staged by ``after_flush``) and the rows of their relationships' many-to-many
-    tables: those the flush writes to a table with a semantic column are no states
-    ``after_flush`` sees, so they are staged as statements too, but an insertion whose new
-    keys could not be read back (no ``INSERT ... RETURNING``).
+    but the index's own outbox writes. While the unit of work runs, so is every statement a
+    mapper event's listener runs (raw SQL too). The unit of work's own statements run with the
+    flushing mappers' compiled cache (the flush's rows, staged by ``after_flush``) or write the
+    rows of their relationships' many-to-many tables. Those it writes to a table with a
+    semantic column are no states ``after_flush`` sees, so they are staged as statements too,
+    but an insertion whose new keys could not be read back (no ``INSERT ... RETURNING``).
     """
     table = _target(statement) if isinstance(statement, UpdateBase) else None
     if table is not None and getattr(table, "name", None) in _OWN_TABLES:

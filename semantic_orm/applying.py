@@ -84,34 +84,6 @@ def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=10).hexdigest()
 
 
-def _cut(binding: ColumnBinding, text: str) -> tuple[list[Chunk], list[Chunk], int]:
-    """The chunker's chunks of ``text``, those chunks fitted to the model's window (split at
-    token boundaries where a token-aware embedder's window is shorter), and the window's
-    budget in tokens (0: none applies).
-
-    Raises:
-        SemanticValueError: A chunk is not the text at its offsets (a custom chunker's
-            mistake, for this text): its passages would not be the text that was embedded.
-            Permanent, as when fitting finds it: the row is dead-lettered, not the batch
-            retried.
-    """
-    chunker = binding.chunker
-    chunks = chunker.chunk(text)
-    for c in chunks:
-        if text[c.start_offset : c.end_offset] != c.text:
-            raise SemanticValueError(
-                f"{binding.label}: chunker {type(chunker).__name__} returned chunk {c.index} "
-                f"whose text is not the text at its offsets [{c.start_offset}:{c.end_offset}] "
-                "(a chunker returns exact slices of the text: see semantic_orm.chunking.Chunker)"
-            )
-    embedder = binding.embedder
-    window = embedder.max_seq_length
-    if not (chunks and window and isinstance(embedder, TokenAwareEmbedder)):
-        return chunks, chunks, 0
-    budget = window - embedder.special_token_count()
-    return chunks, fit_to_window(chunks, text, embedder.token_spans, budget), budget
-
-
 class RowValue(NamedTuple):
     """A row's current semantic text and the payload values of its filter fields."""
 
@@ -347,13 +319,35 @@ class Applier:
         report.failed.append((ops, exc))
 
     def _chunks(self, binding: ColumnBinding, text: str | None) -> list[Chunk]:
-        """The chunks of ``text``, fitted to the model's window."""
+        """The chunks of ``text``, fitted to the model's window.
+
+        Raises:
+            SemanticValueError: A chunk is not the text at its offsets (a custom chunker's
+                mistake, for this text): its passages would not be the text that was
+                embedded. Permanent, as when fitting finds it: the row is dead-lettered, not
+                the batch retried.
+        """
         if not text:
             return []
-        chunks, fitted, budget = _cut(binding, text)
-        if len(fitted) > len(chunks):
-            self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
-        return fitted
+        chunker = binding.chunker
+        chunks = chunker.chunk(text)
+        for c in chunks:
+            if text[c.start_offset : c.end_offset] != c.text:
+                raise SemanticValueError(
+                    f"{binding.label}: chunker {type(chunker).__name__} returned chunk "
+                    f"{c.index} whose text is not the text at its offsets "
+                    f"[{c.start_offset}:{c.end_offset}] (a chunker returns exact slices of the "
+                    "text: see semantic_orm.chunking.Chunker)"
+                )
+        embedder = binding.embedder
+        window = embedder.max_seq_length
+        if chunks and window and isinstance(embedder, TokenAwareEmbedder):
+            budget = window - embedder.special_token_count()
+            fitted = fit_to_window(chunks, text, embedder.token_spans, budget)
+            if len(fitted) > len(chunks):
+                self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
+            chunks = fitted
+        return chunks
 
     def _apply(self, ops: list[SyncOp], report: ApplyReport) -> None:
         binding = ops[0].binding

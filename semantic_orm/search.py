@@ -639,7 +639,8 @@ def _scored(
     p = cand.payload
     fits = p.end_offset <= len(text)
     piece = text[p.start_offset : p.end_offset] if fits else ""
-    if p.chunk_hash and (not fits or text_hash(piece) != p.chunk_hash):
+    stale = bool(p.chunk_hash) and (not fits or text_hash(piece) != p.chunk_hash)
+    if stale:
         if p.pk not in current:
             current[p.pk] = _chunks_by_digest(binding, text)
         same = current[p.pk].get(p.chunk_hash)
@@ -648,9 +649,6 @@ def _scored(
             # with the metadata of where it is now (a copy of its own)
             chunk = replace(moved, metadata=dict(moved.metadata))
             return ScoredChunk(chunk, cand.score, cand.scores)
-        stale = True
-    else:
-        stale = False
     if not fits:
         return None
     chunk = Chunk(

@@ -625,13 +625,17 @@ class SessionTracker:
 
     # -- statements --------------------------------------------------------------------------
 
+    def _tracked(self, conn: Connection) -> Session | None:
+        """The installed session whose transaction ``conn`` belongs to, if it still lives."""
+        ref = self._sessions.get(conn)
+        return ref() if ref is not None else None
+
     def _session_of(
-        self, conn: Connection, statement: Any = None, options: Mapping[str, Any] | None = None
+        self, conn: Connection, statement: Any, options: Mapping[str, Any] | None
     ) -> Session | None:
         """The installed session whose transaction ``conn`` belongs to, unless ``statement``
         (executed with ``options``) is its flush's own: after_flush stages those."""
-        ref = self._sessions.get(conn)
-        session = ref() if ref is not None else None
+        session = self._tracked(conn)
         if session is None:
             return None
         flush = session.info.get(_FLUSHING)
@@ -672,7 +676,7 @@ class SessionTracker:
         table = _target(clauseelement)
         if table is None or not hasattr(table, "columns"):
             return clauseelement, multiparams, params
-        semantic = [c for c in table.columns if isinstance(c.type, SemanticText)]
+        semantic = _semantic_of(table)
         if not semantic:
             return clauseelement, multiparams, params
         rows = list(multiparams) if multiparams else [params] if params else [{}]
@@ -717,8 +721,7 @@ class SessionTracker:
             if candidate.statement is clauseelement:
                 plan = candidate
                 break
-        ref = self._sessions.get(conn)  # (planned: its session's, inside a flush too)
-        session = ref() if ref is not None else None
+        session = self._tracked(conn)  # (planned: its session's, inside a flush too)
         if plan is None or session is None:
             return
         keys = plan.keys(result)
@@ -767,9 +770,15 @@ def _foreign(
         return False
     if table not in secondaries:
         return True
-    if not any(isinstance(c.type, SemanticText) for c in getattr(table, "columns", ())):
+    if not _semantic_of(table):
         return False
     return not (isinstance(statement, Insert) and not conn.dialect.insert_returning)
+
+
+def _semantic_of(table: Any) -> list[Any]:
+    """The columns of ``table`` (a ``Table``, or anything a statement targets) whose type is
+    :class:`~semantic_orm.column.SemanticText`."""
+    return [c for c in getattr(table, "columns", ()) if isinstance(c.type, SemanticText)]
 
 
 def _flushing(flush: UOWTransaction) -> tuple[set[int], set[Any]]:

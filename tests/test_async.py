@@ -338,8 +338,9 @@ async def test_async_commits_settle_their_jobs_together(
             return original(conn, jobs, token)
 
         monkeypatch.setattr(processing, "_settle_done", refused)
+        monkeypatch.setattr(processing, "SETTLE_RETRY", 0.5)  # (5 s)
         await _add(factory, 100, "a row about lakes")
-        assert await _soon(lambda: _no_jobs(aengine), timeout=15)  # tried again in 5 s
+        assert await _soon(lambda: _no_jobs(aengine), timeout=10)  # tried again in 0.5 s
         assert failed[0] >= 1 and points_of(idx, 100)
 
 

@@ -206,11 +206,23 @@ _KEYS = "semantic_orm_keys"
 _by_key: dict[type[Any], Select[Any]] = {}
 
 
+def _key_attributes(model: type[Any]) -> list[Any]:
+    """The mapped attributes of ``model``'s primary key, for an ORM statement on ``model``.
+
+    Not the table's columns: a concrete-inheritance base selects from the UNION of its tables,
+    and SQLAlchemy 2.0 adapts a criterion on its own table's column to that union only through
+    the attribute (the column added the table beside the union, a cross join: every row of the
+    union, the subclasses' included, for each key)."""
+    mapper = inspect(model)
+    return [getattr(model, mapper.get_property_by_column(c).key) for c in mapper.primary_key]
+
+
 def _select_by_key(model: type[Any]) -> Select[Any]:
     """``SELECT model WHERE pk IN (:semantic_orm_keys)``, built once per model."""
     stmt = _by_key.get(model)
     if stmt is None:
-        stmt = _by_key[model] = select(model).where(keys_in(inspect(model)))
+        (key,) = _key_attributes(model)
+        stmt = _by_key[model] = select(model).where(key.in_(bindparam(_KEYS, expanding=True)))
     return stmt
 
 
@@ -224,7 +236,8 @@ def select_rows(
     """
     if len(mapper.primary_key) == 1:
         return _select_by_key(model), key_params(mapper, keys)
-    return select(model).where(pk_in(mapper, keys)), {}
+    values = [key_values(mapper, k) for k in keys]
+    return select(model).where(tuple_(*_key_attributes(model)).in_(values)), {}
 
 
 def keys_in(mapper: Mapper[Any]) -> ColumnElement[bool]:

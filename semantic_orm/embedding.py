@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import regex
 
-from .chunking import tokenizer_spans
+from .chunking import tokenizer_lock, tokenizer_spans
 from .embedding_onnx import PRECISIONS as EXPORT_PRECISIONS  # imports no runtime
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock, running_torch
@@ -166,13 +166,16 @@ def tokenizer_coverage(tokenizer: Any) -> Callable[[str], float]:
     pieces = (t.lstrip("#▁Ġ") for t in tokenizer.get_vocab())
     unspaced_ok = any(len(p) >= 2 and _UNSPACED.match(p) and _UNSPACED.match(p[1]) for p in pieces)
 
+    lock = tokenizer_lock(tokenizer)
+
     def coverage(text: str) -> float:
         total = sum(1 for ch in text if not ch.isspace())
         if not total:
             return 1.0
-        encoded = tokenizer(
-            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
-        )
+        with lock:
+            encoded = tokenizer(
+                text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+            )
         known = 0
         for token, (start, end) in zip(
             encoded["input_ids"], encoded["offset_mapping"], strict=True
@@ -559,14 +562,15 @@ class SentenceTransformerEmbedder:
                 # encode_query/encode_document (sentence-transformers >= 5) also route the
                 # texts of models with a Router module; the prompt is passed literally
                 method = getattr(model, f"encode_{task}", None) or model.encode
-                vectors = method(
-                    list(texts),
-                    prompt=prompt,
-                    batch_size=self.batch_size,
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
+                with tokenizer_lock(model.tokenizer):  # (it tokenizes inside)
+                    vectors = method(
+                        list(texts),
+                        prompt=prompt,
+                        batch_size=self.batch_size,
+                        normalize_embeddings=True,
+                        convert_to_numpy=True,
+                        show_progress_bar=False,
+                    )
         except Exception as exc:
             raise EmbeddingError(f"model {self._name!r} failed to encode: {exc}") from exc
         return np.asarray(vectors, dtype=np.float32)
@@ -585,7 +589,9 @@ class SentenceTransformerEmbedder:
         """Tokens the model adds to every chunk: ``[CLS]`` and ``[SEP]`` for BERT models,
         plus the document prompt's."""
         prompt = self.prompts()[1]
-        return len(self.model.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        tokenizer = self.model.tokenizer
+        with tokenizer_lock(tokenizer):
+            return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def coverage(self, text: str) -> float:
         """How much of ``text`` the model's tokenizer reads as word pieces it knows, 0 to 1.
@@ -609,7 +615,8 @@ class SentenceTransformerEmbedder:
             return None
         prompt = self.prompts()[1]
         items = [f"{prompt}{t}" for t in texts]
-        encoded = tokenizer(items, add_special_tokens=True, truncation=False, verbose=False)[
-            "input_ids"
-        ]
+        with tokenizer_lock(tokenizer):
+            encoded = tokenizer(items, add_special_tokens=True, truncation=False, verbose=False)[
+                "input_ids"
+            ]
         return [len(ids) for ids in encoded]

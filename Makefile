@@ -20,7 +20,10 @@ LINT_PATHS    := $(wildcard semantic_orm tests examples bench migrations)
 PYTEST_ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test lint fmt typecheck pytest demo bench clean
+OLDEST        ?= .venv-oldest
+OLDEST_PINS   := .ci/oldest.txt
+
+.PHONY: help venv .venv test lint fmt typecheck pytest test-oldest demo bench clean
 
 help:
 	@echo "make venv       create $(VENV) and install torch==$(TORCH_VERSION) + -e '.[dev]'"
@@ -28,6 +31,7 @@ help:
 	@echo "make lint       ruff check, import-linter contracts (lint-imports)"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make typecheck  mypy (strict)  make pytest     pytest only (PYTEST_ARGS=...)"
+	@echo "make test-oldest  pytest in $(OLDEST), on the oldest versions pyproject.toml allows"
 	@echo "make demo       run examples/knowledge_base.py"
 	@echo "make bench      run bench/ingest.py"
 	@echo "make clean      remove $(VENV) and caches"
@@ -61,6 +65,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The lower bounds of pyproject.toml, tested: the same suite with the dependencies of
+# $(OLDEST_PINS) at their floors (the rest resolved as usual). Not part of `make test`.
+$(OLDEST)/.installed: pyproject.toml $(OLDEST_PINS)
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install 'torch==$(TORCH_VERSION)'
+	$(OLDEST)/bin/python -m pip install -c $(OLDEST_PINS) -e '.[dev]'
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) examples/knowledge_base.py
 
@@ -68,5 +83,5 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) bench/ingest.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) $(OLDEST) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

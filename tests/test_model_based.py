@@ -16,6 +16,8 @@ import random
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from packaging.version import Version
 from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
@@ -42,6 +44,16 @@ def _text(rng: random.Random) -> str | None:
     )
 
 
+# SQLAlchemy before 2.0.56 warned when a new row took the key of an object a rollback had
+# expired (it loaded that object, in the flush, to compare the keys): a random rollback here
+# does that (make test-oldest)
+def _expired_key_warning(test: Any) -> Any:
+    if Version(sa.__version__) < Version("2.0.56"):
+        return pytest.mark.filterwarnings("ignore:Identity map already had an identity")(test)
+    return test
+
+
+@_expired_key_warning
 @pytest.mark.parametrize("mode", ["inline", "deferred"])
 @pytest.mark.parametrize("seed", [7])
 def test_random_operations_keep_the_index_equal_to_sql(

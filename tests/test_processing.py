@@ -17,11 +17,13 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
+from packaging.version import Version
 from sqlalchemy import orm, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -1288,6 +1290,8 @@ def test_a_rejected_write_is_permanent_on_both_adapters(installed: Any) -> None:
 def test_wrong_dimension_is_dead_lettered_and_drain_names_what_is_stuck(
     engine: Engine, tmp_path: Any, adapter: str
 ) -> None:
+    if adapter == "client" and Version(version("qdrant-client")) < Version("1.19"):
+        pytest.skip("qdrant-client's local mode took a vector of the wrong size before 1.19")
     Base.metadata.create_all(engine)
     store: Any = (
         EdgeStore(tmp_path / "v") if adapter == "edge" else QdrantClientStore(location=":memory:")

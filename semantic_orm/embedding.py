@@ -562,7 +562,7 @@ class SentenceTransformerEmbedder:
                 # encode_query/encode_document (sentence-transformers >= 5) also route the
                 # texts of models with a Router module; the prompt is passed literally
                 method = getattr(model, f"encode_{task}", None) or model.encode
-                with tokenizer_lock(model.tokenizer):  # (it tokenizes inside)
+                with tokenizer_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
                     vectors = method(
                         list(texts),
                         prompt=prompt,

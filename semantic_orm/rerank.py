@@ -155,7 +155,7 @@ class CrossEncoderReranker:
             return []
         model = self.model
         try:
-            with tokenizer_lock(model.tokenizer):  # (it tokenizes inside)
+            with tokenizer_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
                 raw = model.predict(
                     [(query, p) for p in passages],
                     batch_size=self.batch_size,

@@ -29,6 +29,7 @@ from semantic_orm import (
     asemantic_search,
     semantic_search,
 )
+from semantic_orm.chunking import tokenizer_lock
 from semantic_orm.testing import HashEmbedder, OverlapReranker
 
 from .models import Article, Note
@@ -343,6 +344,25 @@ def test_cross_encoder_adapter_scores_each_passage_lazily(
     assert cross_encoder.score(QUERY, passages) == pytest.approx(scores, abs=1e-6)
     assert cross_encoder.score(QUERY, passages[3:5]) == pytest.approx(scores[3:5], abs=1e-5)
     assert len(set(scores)) > 1  # the pairs are really read
+
+
+def test_a_cross_encoder_scores_holding_its_tokenizers_lock(
+    cross_encoder: CrossEncoderReranker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It tokenizes inside ``predict``: with transformers 4 a second thread calling that
+    tokenizer meanwhile failed (``Already borrowed``), so the library's calls take turns."""
+    model = cross_encoder.model
+    lock = tokenizer_lock(model.tokenizer)
+    held: list[bool] = []
+    predict = model.predict
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        held.append(lock._held_by(threading.get_ident()))
+        return predict(*args, **kwargs)
+
+    monkeypatch.setattr(model, "predict", checked)
+    assert len(cross_encoder.score(QUERY, [DOCS[1], DOCS[2]])) == 2
+    assert held == [True]
 
 
 def test_cross_encoder_adapter_errors_name_the_model(tmp_path: Any) -> None:

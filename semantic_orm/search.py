@@ -719,9 +719,19 @@ class _Rows:
 
 
 def _load_wave(
-    rows: _Rows, tier: list[Candidate], at: int, model: type[Any], mapper: Mapper[Any], where: Any
+    rows: _Rows,
+    tier: list[Candidate],
+    at: int,
+    model: type[Any],
+    col: SemanticColumn,
+    where: Any,
 ) -> Generator[_Step, Any, None]:
-    """Load the next unknown rows of ``tier`` from position ``at`` (a growing wave)."""
+    """Load the next unknown rows of ``tier`` from position ``at`` (a growing wave).
+
+    Only objects whose mapper writes ``col``'s table count: a concrete-inheritance base loads
+    from the union of its tables, where a subclass's row may hold the same key."""
+    mapper = col.mapper
+    table = col.column.table
     batch: list[str] = []
     for cand in tier[at:]:
         pk = cand.payload.pk
@@ -731,7 +741,8 @@ def _load_wave(
                 break
     found = yield _Load(*_row_query(model, mapper, batch, where))
     for obj in found:
-        rows.loaded[instance_key(mapper, obj)] = obj
+        if table in inspect(obj).mapper.tables:
+            rows.loaded[instance_key(mapper, obj)] = obj
     rows.rejected.update(pk for pk in batch if pk not in rows.loaded)
     rows.wave = min(rows.wave * 2, 500)
 
@@ -780,7 +791,6 @@ def _steps(
     if hints is None:
         hints = {}
     col = binding.column
-    mapper = col.mapper
     flt, why = _store_filter(binding, opts.where, untrusted())
     read = binding.normalizer(query)  # what the embedder and the keyword analyser see
     vector: npt.NDArray[np.float32] | None = None
@@ -854,7 +864,7 @@ def _steps(
                 if decided and (not by_row or pk not in row_tier):
                     continue  # only chunks of rows already decided matter now
                 if pk not in rows.loaded and pk not in rows.rejected:
-                    yield from _load_wave(rows, ranked, at, model, mapper, opts.where)
+                    yield from _load_wave(rows, ranked, at, model, col, opts.where)
                 obj = rows.loaded.get(pk)
                 if obj is None:
                     continue

@@ -349,13 +349,18 @@ def test_rows_of_inherited_models_are_read_from_their_own_tables(
         s.add_all(Staff(id=i, bio=f"staff {i} who maps the river") for i in range(3))
         s.add(Manager(id=10, bio="a manager, not a staff row"))
         s.commit()
+    with factory() as s:  # a manager under a staff row's key: the union holds both rows
+        s.add(Manager(id=1, bio="a manager of the desert office"))
+        s.commit()
     idx.drain(engine, timeout=10)
     for model in (Memo, Staff):
         (report,) = reconcile(idx, model, engine)
         assert (report.rows, report.queued) == (3, 0)
     with factory() as s:
         assert len(Memo.semantic_search(s, "river delta", limit=10)) == 3
-        assert len(Staff.semantic_search(s, "maps the river", limit=10)) == 3
+        hits = Staff.semantic_search(s, "maps the river", limit=10)
+        assert sorted((type(h.obj), h.obj.id) for h in hits) == [(Staff, i) for i in range(3)]
+        assert all(h.obj.bio == f"staff {h.obj.id} who maps the river" for h in hits)
     idx.uninstall(factory)
 
 

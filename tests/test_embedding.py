@@ -38,8 +38,9 @@ from semantic_orm import (
     VectorStore,
 )
 from semantic_orm.binding import drift
-from semantic_orm.chunking import tokenizer_lock
+from semantic_orm.chunking import fit, tokenizer_lock
 from semantic_orm.embedding import embedder_settings, encode_queries
+from semantic_orm.forking import RenewedLock
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
 
@@ -803,9 +804,13 @@ class _OneCallAtATime:
 
 
 @pytest.mark.slow
-def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(onnx_cache: Path) -> None:
+def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(
+    onnx_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A search embeds its query while a sync embeds chunks, counts their tokens and splits the
-    long ones, with one model: the library's calls of the tokenizer take turns."""
+    long ones, with one model: with transformers 4, the library's calls of the tokenizer take
+    turns."""
+    monkeypatch.setattr(fit, "_borrows", True)  # as with transformers 4
     embedder = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
     tokenizer = _OneCallAtATime(embedder.model.tokenizer)
     embedder.model.tokenizer = tokenizer
@@ -828,9 +833,13 @@ def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(onnx_cache: Pat
 def test_sentence_transformers_encodes_holding_the_tokenizers_lock(
     torch_minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the torch backend sentence-transformers tokenizes inside ``encode``: the library's
-    other calls of that tokenizer wait for it."""
+    """On the torch backend sentence-transformers tokenizes inside ``encode``: with
+    transformers 4, the library's other calls of that tokenizer wait for it (with transformers
+    5 nothing is held: threads share a tokenizer freely)."""
     model = torch_minilm.model
+    monkeypatch.setattr(fit, "_borrows", False)
+    assert not isinstance(tokenizer_lock(model.tokenizer), RenewedLock)
+    monkeypatch.setattr(fit, "_borrows", True)  # as with transformers 4
     lock = tokenizer_lock(model.tokenizer)
     held: list[bool] = []
     encode = model.encode

@@ -63,9 +63,11 @@ order. Only a single grapheme cluster that alone exceeds ``max_tokens`` tokens i
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from importlib import metadata
 from typing import Any
 
 from ..forking import RenewedLock
@@ -79,7 +81,7 @@ from ._core import (
 )
 from .recursive import RecursiveChunker
 
-__all__ = ["TokenSpans", "fit_to_window", "tokenizer_spans"]
+__all__ = ["TokenSpans", "fit_to_window", "tokenizer_lock", "tokenizer_spans"]
 
 #: Returns the ``(start, end)`` character offsets of each token of a string.
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
@@ -90,17 +92,35 @@ _SEARCH_LEVELS = tuple(level for level in DEFAULT_LEVELS if level.forward is not
 _tokenizer_locks: weakref.WeakKeyDictionary[Any, RenewedLock] = weakref.WeakKeyDictionary()
 _unkeyed = RenewedLock(reentrant=True)
 """The lock of a tokenizer that cannot be a weak key (one lock for all of those)."""
-_finding = threading.Lock()
+_finding = RenewedLock()
+_borrows: bool | None = None
+"""Whether the installed transformers needs the locks (``None``: not looked up yet)."""
 
 
-def tokenizer_lock(tokenizer: Any) -> RenewedLock:
-    """The lock this library holds while it calls ``tokenizer`` (one per tokenizer object).
+def _borrowing() -> bool:
+    """Whether a tokenizer of the installed transformers sets its padding and truncation on its
+    Rust object at each call (before transformers 5; assumed when the version is unknown)."""
+    global _borrows
+    if _borrows is None:
+        try:
+            _borrows = int(metadata.version("transformers").split(".")[0]) < 5
+        except (metadata.PackageNotFoundError, ValueError):
+            _borrows = True
+    return _borrows
 
-    A Hugging Face fast tokenizer called with padding or truncation settings first sets them
-    on its Rust object; before transformers 5, a second thread doing so meanwhile failed with
+
+def tokenizer_lock(tokenizer: Any) -> AbstractContextManager[Any]:
+    """What this library holds while it calls ``tokenizer``: a lock per tokenizer object where
+    the installed transformers needs it, else nothing.
+
+    A Hugging Face fast tokenizer of transformers 4 called with padding or truncation settings
+    first sets them on its Rust object; a second thread doing so meanwhile failed with
     ``RuntimeError: Already borrowed`` (a search embedding its query while a sync embeds
-    chunks, or counts their tokens, with the same model).
+    chunks, or counts their tokens, with the same model). Transformers 5 does not: there
+    threads share a tokenizer freely.
     """
+    if not _borrowing():
+        return contextlib.nullcontext()
     with _finding:
         try:
             lock = _tokenizer_locks.get(tokenizer)

@@ -59,6 +59,10 @@ holds exactly. Pieces of one chunk never overlap one another and inherit the chu
 metadata; the result is renumbered (``index``/``total_chunks``) as one list, kept in the input
 order. Only a single grapheme cluster that alone exceeds ``max_tokens`` tokens is cut inside
 (at a token boundary), the same exception the chunkers make for ``chunk_size``.
+
+:func:`tokenizer_spans` adapts a Hugging Face tokenizer to it; :func:`tokenizer_lock` is what
+every call the library makes into such a tokenizer holds (a tokenizer of transformers 4 refuses
+a second thread meanwhile).
 """
 
 from __future__ import annotations
@@ -66,7 +70,6 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from importlib import metadata
 from typing import Any
 
@@ -109,7 +112,7 @@ def _borrowing() -> bool:
     return _borrows
 
 
-def tokenizer_lock(tokenizer: Any) -> AbstractContextManager[Any]:
+def tokenizer_lock(tokenizer: Any) -> contextlib.AbstractContextManager[Any]:
     """What this library holds while it calls ``tokenizer``: a lock per tokenizer object where
     the installed transformers needs it, else nothing.
 

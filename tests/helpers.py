@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from semantic_orm import EmbeddingError, outbox, processing
 from semantic_orm.applying import text_hash
+from semantic_orm.chunking import fit, tokenizer_lock
 from semantic_orm.mapping import row_key, semantic_columns
 from semantic_orm.stores.base import PointPayload
 from semantic_orm.testing import HashEmbedder
@@ -266,3 +268,19 @@ def settle_fails_once(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(processing._Pass, "settle", settle)
     return tries
+
+
+def tokenizer_held_in(monkeypatch: Any, model: Any, method: str) -> list[bool]:
+    """Record, at each call of ``model.method``, whether the calling thread holds the lock of
+    ``model.tokenizer`` (the locks made as with transformers 4, which needs them)."""
+    monkeypatch.setattr(fit, "_borrows", True)
+    lock = tokenizer_lock(model.tokenizer)
+    held: list[bool] = []
+    original = getattr(model, method)
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        held.append(lock._held_by(threading.get_ident()))  # type: ignore[attr-defined]
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, method, checked)
+    return held

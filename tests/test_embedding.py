@@ -44,7 +44,7 @@ from semantic_orm.forking import RenewedLock
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
 
-from .helpers import in_a_forked_child
+from .helpers import in_a_forked_child, tokenizer_held_in
 
 TEXTS = [
     "The cat sat on the mat and watched the rain.",
@@ -839,16 +839,7 @@ def test_sentence_transformers_encodes_holding_the_tokenizers_lock(
     model = torch_minilm.model
     monkeypatch.setattr(fit, "_borrows", False)
     assert not isinstance(tokenizer_lock(model.tokenizer), RenewedLock)
-    monkeypatch.setattr(fit, "_borrows", True)  # as with transformers 4
-    lock = tokenizer_lock(model.tokenizer)
-    held: list[bool] = []
-    encode = model.encode
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        held.append(lock._held_by(threading.get_ident()))
-        return encode(*args, **kwargs)
-
-    monkeypatch.setattr(model, "encode", checked)
+    held = tokenizer_held_in(monkeypatch, model, "encode")
     torch_minilm.encode(TEXTS[:2])
     torch_minilm.encode_query(TEXTS[:1])
     assert held and all(held)

@@ -29,9 +29,9 @@ from semantic_orm import (
     asemantic_search,
     semantic_search,
 )
-from semantic_orm.chunking import fit, tokenizer_lock
 from semantic_orm.testing import HashEmbedder, OverlapReranker
 
+from .helpers import tokenizer_held_in
 from .models import Article, Note
 
 QUERY = "amber river delta lagoon"
@@ -351,17 +351,7 @@ def test_a_cross_encoder_scores_holding_its_tokenizers_lock(
 ) -> None:
     """It tokenizes inside ``predict``: with transformers 4 a second thread calling that
     tokenizer meanwhile failed (``Already borrowed``), so the library's calls take turns."""
-    monkeypatch.setattr(fit, "_borrows", True)  # as with transformers 4
-    model = cross_encoder.model
-    lock = tokenizer_lock(model.tokenizer)
-    held: list[bool] = []
-    predict = model.predict
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        held.append(lock._held_by(threading.get_ident()))
-        return predict(*args, **kwargs)
-
-    monkeypatch.setattr(model, "predict", checked)
+    held = tokenizer_held_in(monkeypatch, cross_encoder.model, "predict")
     assert len(cross_encoder.score(QUERY, [DOCS[1], DOCS[2]])) == 2
     assert held == [True]
 

@@ -193,9 +193,12 @@ def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def pk_in(mapper: Mapper[Any], keys: Sequence[str]) -> ColumnElement[bool]:
-    """A SQL criterion selecting the rows named by ``keys``."""
-    pk = mapper.primary_key
+def pk_in(
+    mapper: Mapper[Any], keys: Sequence[str], columns: Sequence[Any] | None = None
+) -> ColumnElement[bool]:
+    """A SQL criterion selecting the rows named by ``keys``, on ``columns`` (the primary key's
+    table columns; in an ORM statement, its attributes: :func:`_key_attributes`)."""
+    pk = mapper.primary_key if columns is None else columns
     values = [key_values(mapper, k) for k in keys]
     if len(pk) == 1:
         return pk[0].in_([v[0] for v in values])
@@ -221,8 +224,8 @@ def _select_by_key(model: type[Any]) -> Select[Any]:
     """``SELECT model WHERE pk IN (:semantic_orm_keys)``, built once per model."""
     stmt = _by_key.get(model)
     if stmt is None:
-        (key,) = _key_attributes(model)
-        stmt = _by_key[model] = select(model).where(key.in_(bindparam(_KEYS, expanding=True)))
+        criterion = keys_in(inspect(model), _key_attributes(model)[0])
+        stmt = _by_key[model] = select(model).where(criterion)
     return stmt
 
 
@@ -236,14 +239,15 @@ def select_rows(
     """
     if len(mapper.primary_key) == 1:
         return _select_by_key(model), key_params(mapper, keys)
-    values = [key_values(mapper, k) for k in keys]
-    return select(model).where(tuple_(*_key_attributes(model)).in_(values)), {}
+    return select(model).where(pk_in(mapper, keys, _key_attributes(model))), {}
 
 
-def keys_in(mapper: Mapper[Any]) -> ColumnElement[bool]:
+def keys_in(mapper: Mapper[Any], column: Any = None) -> ColumnElement[bool]:
     """``pk IN (:semantic_orm_keys)`` for a one-column primary key (see :func:`key_params`):
-    a criterion to build a statement once with, whatever the keys."""
-    return mapper.primary_key[0].in_(bindparam(_KEYS, expanding=True))
+    a criterion to build a statement once with, whatever the keys. ``column``: the primary key
+    as the statement names it (its table column by default)."""
+    key = mapper.primary_key[0] if column is None else column
+    return key.in_(bindparam(_KEYS, expanding=True))
 
 
 def key_params(mapper: Mapper[Any], keys: Sequence[str]) -> dict[str, Any]:

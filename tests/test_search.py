@@ -31,7 +31,7 @@ from semantic_orm.mapping import semantic_columns
 from semantic_orm.stores import PointPayload, SearchRequest
 from semantic_orm.testing import HashEmbedder
 
-from .models import Article, Note
+from .models import Article, Note, Translation
 
 DOCS = {
     "rivers": "Rivers flow into the sea. The longest rivers carry water across continents.",
@@ -606,3 +606,48 @@ def test_a_shallow_first_read_returns_what_reading_the_whole_tier_returns(
         assert len(hits) == 3 and all(h.chunk.total_chunks == 1 for h in hits)
         reads = [r for r in asked if r.payload == PointPayload.SEARCH_KEYS]
         assert reads[0].rankings[0].limit == 3 + 1 and hints[collection] == 0
+
+
+def test_rows_of_a_composite_primary_key_are_found_filtered_and_paged(
+    Session: sessionmaker[OrmSession], engine: Any
+) -> None:
+    """Each hit is the row its points name (keys of two parts, one of them text), never a row
+    that shares a part of its key; a row gone from SQL is skipped."""
+    with Session() as s:
+        arts = [Article(title=f"a{i}", content=None) for i in range(3)]
+        s.add_all(arts)
+        s.flush()
+        a, b, c = (x.id for x in arts)
+        texts = {
+            (a, "en"): "Rivers flow into the sea across the plains.",
+            (a, "fr"): "Les rivières coulent vers la mer.",
+            (b, "en"): "Cooking pasta needs salted boiling water.",
+            (b, "de"): "Rivers and water: Flüsse fließen ins Meer, rivers rivers.",
+            (c, "en"): "Company taxes are declared every year.",
+        }
+        s.add_all(Translation(article_id=k, lang=g, text=t) for (k, g), t in texts.items())
+        s.commit()
+    plain = sessionmaker(engine)  # not installed: its delete never reaches the index
+    with plain() as s:
+        s.delete(s.get(Translation, (c, "en")))
+        s.commit()
+    with Session() as s:
+        hits = Translation.semantic_search(s, "rivers water sea", limit=10, mode="keyword")
+        found = [(h.obj.article_id, h.obj.lang) for h in hits]
+        assert set(found) == {(a, "en"), (b, "de"), (b, "en")}  # (words shared; not taxes)
+        for h in hits:
+            key = (h.obj.article_id, h.obj.lang)
+            assert h.text == texts[key] and h.obj.text == texts[key]
+            assert texts[key][h.chunk.start_offset : h.chunk.end_offset] == h.chunk.text
+        assert Translation.semantic_search(s, "taxes", limit=5, mode="keyword") == []
+        only = Translation.semantic_search(
+            s, "rivers water sea", limit=10, mode="keyword", where=Translation.lang == "en"
+        )
+        assert {(h.obj.article_id, h.obj.lang) for h in only} == {(a, "en"), (b, "en")}
+        dense = Translation.semantic_search(s, "rivers water sea", limit=10, mode="dense")
+        assert len({(h.obj.article_id, h.obj.lang) for h in dense}) == len(dense) == 4
+        pages = [
+            Translation.semantic_search(s, "rivers water sea", limit=2, offset=o, mode="dense")
+            for o in (0, 2)
+        ]
+        assert [h.obj for p in pages for h in p] == [h.obj for h in dense]

@@ -476,8 +476,14 @@ def pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:
 
 @dataclass(frozen=True, slots=True)
 class _Embed:
+    """Embed a query (``vector``) and measure how much of it the model reads (``coverage``),
+    both where the model runs (a worker thread, for an async search: a model's tokenizer may
+    wait on a sync's encode); the result is ``(vector or None, coverage or None)``."""
+
     binding: ColumnBinding
     text: str
+    vector: bool = True
+    coverage: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,6 +627,20 @@ def _coverage(embedder: Any, query: str) -> float:
         return 1.0
     value = measure(query)
     return 1.0 if value is None else float(value)
+
+
+def _embedded(embedder: Any, steps: Sequence[_Embed]) -> list[tuple[Any, float | None]]:
+    """Each of ``steps`` (queries of one embedder) carried out: its query's vector (the
+    queries that want one embedded in one call) and its coverage, where it asked."""
+    wanted = [step.text for step in steps if step.vector]
+    vectors = iter(encode_queries(embedder, wanted) if wanted else ())
+    return [
+        (
+            next(vectors) if step.vector else None,
+            _coverage(embedder, step.text) if step.coverage else None,
+        )
+        for step in steps
+    ]
 
 
 def _scored(
@@ -794,19 +814,24 @@ def _steps(
     flt, why = _store_filter(binding, opts.where, untrusted())
     read = binding.normalizer(query)  # what the embedder and the keyword analyser see
     vector: npt.NDArray[np.float32] | None = None
+    coverage: float | None = None
     if opts.mode != "keyword":
-        if opts.query_vector is not None:
+        given = opts.query_vector is not None
+        if given:
             vector = _checked_vector(opts.query_vector, binding)
-        else:
-            vector = yield _Embed(binding, read)
+        if not given or opts.mode == "hybrid":  # (a fused search weighs by coverage)
+            embedded, coverage = yield _Embed(
+                binding, read, vector=not given, coverage=opts.mode == "hybrid"
+            )
+            if not given:
+                vector = embedded
     sparse = binding.analyzer.query_vector(read) if opts.mode != "dense" else None
     keyword_max = (yield from _keyword_max(binding.collection, sparse)) if sparse else 1.0
     lists = _rankings(vector, sparse, keyword_max, opts)
     fusion: Fusion | None = None
     if len(lists) > 1:
-        fusion = (opts.fusion or DEFAULT_FUSION).for_query(
-            _coverage(binding.embedder, read), keyword_max
-        )
+        measured = 1.0 if coverage is None else coverage
+        fusion = (opts.fusion or DEFAULT_FUSION).for_query(measured, keyword_max)
     scale = keyword_max if opts.mode == "keyword" else 1.0
     threshold = opts.score_threshold
     want = opts.offset + opts.limit
@@ -1266,7 +1291,7 @@ def semantic_search(
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
-            result: Any = encode_queries(step.binding.embedder, [step.text])[0]
+            result: Any = _embedded(step.binding.embedder, [step])[0]
         elif isinstance(step, _Query):
             result = _guarded(run.index, run.index.store.query, step.collection, step.request)
         else:
@@ -1276,7 +1301,8 @@ def semantic_search(
 
 
 class _QueryBatcher:
-    """Embeds the queries of concurrent async searches together, in one call per batch.
+    """Embeds the queries of concurrent async searches together, in one call per batch (and
+    measures, in the same worker thread, how much of each a hybrid search's model reads).
 
     While one batch is being embedded in a worker thread, new queries wait for the next one: 32
     concurrent searches cost a few model calls, not 32 calls fighting for the same cores.
@@ -1284,14 +1310,15 @@ class _QueryBatcher:
 
     def __init__(self, embedder: Any) -> None:
         self.embedder = embedder
-        self.pending: list[tuple[str, asyncio.Future[Any]]] = []
+        self.pending: list[tuple[_Embed, asyncio.Future[tuple[Any, float | None]]]] = []
         self.running = False
         self._task: asyncio.Task[None] | None = None
 
-    async def embed(self, text: str) -> Any:
+    async def embed(self, step: _Embed) -> tuple[Any, float | None]:
+        """``step`` carried out with those of the other searches waiting (see :func:`_embedded`)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self.pending.append((text, future))
+        future: asyncio.Future[tuple[Any, float | None]] = loop.create_future()
+        self.pending.append((step, future))
         if not self.running:
             self.running = True
             self._task = loop.create_task(self._flush())
@@ -1302,16 +1329,16 @@ class _QueryBatcher:
             while self.pending:
                 batch, self.pending = self.pending, []
                 try:
-                    texts = [t for t, _ in batch]
-                    vectors = await asyncio.to_thread(encode_queries, self.embedder, texts)
+                    steps = [step for step, _ in batch]
+                    results = await asyncio.to_thread(_embedded, self.embedder, steps)
                 except Exception as exc:
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for (_, future), vector in zip(batch, vectors, strict=True):
+                for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():
-                        future.set_result(vector)
+                        future.set_result(result)
         finally:
             self.running = False
             self._task = None  # (it holds the loop: the loop's entry would never go)
@@ -1359,8 +1386,9 @@ async def asemantic_search(
 ) -> list[SearchHit[Any]]:
     """:func:`semantic_search` for an ``AsyncSession``, without blocking the event loop.
 
-    The query embedding and the vector-store calls run in worker threads (the queries of
-    concurrent searches are embedded together, in one call); rows are loaded through ``await
+    The query embedding (and the model's reading of the query, which weighs a hybrid search's
+    lists) and the vector-store calls run in worker threads (the queries of concurrent
+    searches are embedded together, in one call); rows are loaded through ``await
     session.scalars(...)``. Takes the same options, and several models like
     :func:`semantic_search`; a reranker runs in a worker thread too.
     """
@@ -1377,7 +1405,7 @@ async def asemantic_search(
     step = run.advance(None)
     while step is not None:
         if isinstance(step, _Embed):
-            result: Any = await _batcher(step.binding.embedder).embed(step.text)
+            result: Any = await _batcher(step.binding.embedder).embed(step)
         elif isinstance(step, _Query):
             store = run.index.store
             result = await asyncio.to_thread(

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import inspect
 import itertools
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -393,6 +394,57 @@ async def test_an_idle_query_batcher_holds_neither_its_loop_nor_its_embedder(
             hits = await asemantic_search(s, Article, "rivers", limit=1)
         assert [h.obj.id for h in hits] == [1]
         assert asyncio.get_running_loop() not in search._batchers
+
+
+class SlowReader(HashEmbedder):
+    """Measures a query's coverage slowly, as a model whose tokenizer another thread's encode
+    holds does (transformers 4), and records the threads it measured queries on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.measured: list[int] = []
+
+    def coverage(self, text: str) -> float:
+        if text == "rivers sea":  # (a commit's sync measures a sample of its chunks too)
+            time.sleep(0.6)
+            self.measured.append(threading.get_ident())
+        return 0.9
+
+
+async def test_a_hybrid_search_measures_its_querys_coverage_off_the_loop(
+    aengine: AsyncEngine, store: Any
+) -> None:
+    """A fused search weighs its lists by how much of the query the model reads; an async one
+    asked the model on the event loop, which waited there for the tokenizer."""
+    embedder = SlowReader()
+    idx = SemanticIndex(store=store, embedder=embedder)
+    factory = async_sessionmaker(aengine, expire_on_commit=False)
+    idx.install(factory)
+    try:
+        await _add(factory, 1, "rivers flow into the sea")
+        await _add(factory, 2, "cooking pasta in water")
+        await idx.adrain(factory, timeout=10)
+        loop_thread = threading.get_ident()
+        async with factory() as s:
+            found: list[Any] = []
+
+            async def search() -> None:
+                found.append(await asemantic_search(s, Article, "rivers sea", limit=2))
+                vector = embedder.encode(["rivers sea"])[0]
+                found.append(
+                    await asemantic_search(s, Article, "rivers sea", limit=2, query_vector=vector)
+                )
+
+            stall = await _longest_stall(search)
+            assert stall < 0.3  # (each measure sleeps 0.6 s)
+            assert len(embedder.measured) == 2 and loop_thread not in embedder.measured
+            for hits in found:
+                assert hits[0].obj.id == 1
+            assert [h.score for h in found[0]] == [h.score for h in found[1]]
+            await asemantic_search(s, Article, "rivers sea", limit=2, mode="dense")
+            assert len(embedder.measured) == 2  # (a dense search fuses nothing)
+    finally:
+        idx.uninstall(factory)
 
 
 async def test_stopping_the_async_worker_settles_what_commits_left_waiting(

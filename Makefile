@@ -67,7 +67,7 @@ pytest: $(STAMP)
 
 # The lower bounds of pyproject.toml, tested: the same suite with the dependencies of
 # $(OLDEST_PINS) at their floors (the rest resolved as usual). Not part of `make test`.
-$(OLDEST)/.installed: pyproject.toml $(OLDEST_PINS)
+$(OLDEST)/.installed: pyproject.toml $(OLDEST_PINS) $(wildcard semantic_orm/__init__.py)
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install 'torch==$(TORCH_VERSION)'
 	$(OLDEST)/bin/python -m pip install -c $(OLDEST_PINS) -e '.[dev]'

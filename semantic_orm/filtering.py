@@ -19,7 +19,8 @@ not match NULL in SQL, and a ``not_`` over a comparison does not match NULL eith
 compile with an explicit "is not null". A literal is read as SQL reads it
 (:meth:`FilterField.literal`): a string compared with an enum column is the string the column
 stores (a member's name, or its value under ``values_callable``); a literal the field cannot
-hold is left to SQL.
+hold (``1.5`` for an integer column), a range bound past 2**53 on an integer (the store's range
+bounds are doubles) and a range bound that is NULL are left to SQL.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ class FilterField:
 
         A string compared with an enum column is what SQL compares: the string the column
         stores (a member's name, or its value under ``values_callable``). A value the field
-        cannot hold (a string no member stores, ``"abc"`` for an integer) is left to SQL,
-        which decides what it means there (no row, or an error).
+        cannot hold (a string no member stores, ``"abc"`` or ``1.5`` for an integer, an
+        integer past 64 bits) is left to SQL, which decides what it means there (no row, a
+        comparison of numbers, or an error).
         """
         members = _stored_members(self.column)
         if members is not None and isinstance(value, str) and not isinstance(value, enum.Enum):
@@ -115,10 +117,24 @@ class FilterField:
             if sent not in members:
                 raise _Unsupported(f"{self.name} == {value!r} (no member of its enum stores it)")
             value = members[sent]
+        if self.kind == "integer" and isinstance(value, (float, decimal.Decimal)):
+            try:  # SQL compares 1.5 as it is (n < 1.5 holds for 1)
+                whole = value == int(value)
+            except (ValueError, OverflowError):  # NaN, infinity
+                whole = False
+            if not whole:
+                raise _Unsupported(f"{self.name} compared with {value!r} (not an integer)")
         try:
-            return self.encode(value)
+            encoded = self.encode(value)
         except (TypeError, ValueError, OverflowError):
             raise _Unsupported(f"{self.name} compared with {value!r}") from None
+        if self.kind == "integer" and not _INT64[0] <= encoded <= _INT64[1]:
+            raise _Unsupported(f"{self.name} compared with {value!r} (past a 64-bit integer)")
+        return encoded
+
+
+_INT64 = (-(2**63), 2**63 - 1)  # what a payload's integer holds
+_EXACT = 2**53  # integers a range's bound (a double) holds exactly
 
 
 def _stored_members(column: Column[Any]) -> dict[str, enum.Enum] | None:
@@ -410,6 +426,8 @@ def _compare(field: FilterField, op: Any, value: Any) -> Condition:
             return _match_any(field, values)
         # SQL: x NOT IN (...) is not true for NULL x
         return Filter(must=(_not_null(field),), must_not=(_match_any(field, values),))
+    if value is None:  # a range with NULL: unknown in SQL (true under NOT), SQL decides
+        raise _Unsupported(f"{field.name} compared with NULL")
     encoded = field.literal(value)
     if op is operators.eq:
         return _match_any(field, [encoded])
@@ -420,6 +438,8 @@ def _compare(field: FilterField, op: Any, value: Any) -> Condition:
         raise _Unsupported(f"{field.name} {bound} (a string range)")
     if field.kind == "datetime":
         return DatetimeRange(key, **{bound: _parse(encoded)})
+    if field.kind == "integer" and abs(encoded) > _EXACT:
+        raise _Unsupported(f"{field.name} {bound} {encoded} (past what a range's bound holds)")
     return Range(key, **{bound: float(encoded)})
 
 

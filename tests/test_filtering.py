@@ -8,6 +8,7 @@ both databases and both store adapters, and that the filter really ran in the st
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import enum
 import itertools
 import random
@@ -174,6 +175,49 @@ def test_random_where_returns_what_sql_returns_in_ranking_order(
             page = semantic_search(s, Post, "river city", limit=3, where=where)
             assert {h.obj.id for h in page} <= allowed
             assert len(page) == min(3, len(allowed))
+
+
+def test_literals_a_payload_cannot_compare_as_sql_does_are_left_to_sql(
+    posts: sessionmaker[Any],
+) -> None:
+    """A fractional number against an integer column (truncated, ``tenant < 2.5`` dropped the
+    tenant-2 rows), a range bound past 2**53 (a double's) or NULL (a crash) is SQL's to read;
+    an integral one still runs in the store."""
+    fields = filter_fields(semantic_columns(Post.__mapper__)[0])
+    day = dt.datetime(2024, 1, 20)
+    in_sql = [
+        Post.tenant < 2.5,
+        Post.tenant > decimal.Decimal("1.5"),
+        Post.tenant != 2.5,
+        Post.tenant.not_in([1.5]),
+        Post.tenant < float("inf"),
+        Post.tenant.between(1, None),
+        Post.published.between(day, None),
+        Post.published > sa.bindparam("since", None),
+        not_(Post.tenant.between(None, 2)),
+    ]
+    in_store = [Post.tenant == 2.0, Post.tenant < decimal.Decimal("3")]
+    # (past what the column's SQL type holds: compiled only)
+    assert compile_where(Post.tenant < 2**53 + 2, fields)[0] is None
+    assert compile_where(Post.tenant == 2**64, fields)[0] is None
+    assert compile_where(Post.tenant >= 2**53, fields)[0] is not None
+    with posts() as s:
+        ranked = {  # (a keyword search finds only the rows that share a word)
+            mode: {h.obj.id for h in semantic_search(s, Post, "river city", limit=100, mode=mode)}
+            for mode in MODES
+        }
+        for where in in_sql + in_store:
+            flt, why = compile_where(where, fields)
+            assert (flt is None) == any(where is w for w in in_sql), f"{where}: {why}"
+            allowed = set(s.scalars(select(Post.id).where(where)))
+            for mode in MODES:
+                got = semantic_search(s, Post, "river city", limit=100, where=where, mode=mode)
+                assert {h.obj.id for h in got} == allowed & ranked[mode], f"{mode} {where}"
+        assert (
+            set(s.scalars(select(Post.id).where(Post.tenant < 2.5)))
+            == set(s.scalars(select(Post.id).where(Post.tenant <= 2)))
+            != set(s.scalars(select(Post.id).where(Post.tenant < 2)))
+        )  # (the rows differ)
 
 
 def test_payload_only_updates_embed_nothing_and_move_the_row(

@@ -537,7 +537,7 @@ class SessionTracker:
                     add(state, col, key)
                 elif state.attrs[col.key].history.has_changes() or _filters_changed(state, col):
                     add(state, col, key, _written(state, col))
-                elif _derived(col.column) or col.key in computed.get(state, ()):
+                elif _rederived(col) or col.key in computed.get(state, ()):
                     add(state, col, key)  # computed by the database: read after the commit
         for state, columns in self._semantic(deleted):
             key = row_key(_identity(state))
@@ -824,6 +824,15 @@ def _derived(column: Any) -> bool:
     return any(x is not None for x in (column.computed, column.onupdate, column.server_onupdate))
 
 
+def _rederived(col: SemanticColumn) -> bool:
+    """Whether any write to a row may change what ``col`` syncs: its text or one of the values
+    that travel with its vectors (``filter_by``) is :func:`_derived`."""
+    attrs = col.mapper.column_attrs
+    return _derived(col.column) or any(
+        _derived(c) for name in col.settings.filter_by if name in attrs for c in attrs[name].columns
+    )
+
+
 def _filters_changed(state: InstanceState[Any], col: SemanticColumn) -> bool:
     """Whether a value that travels with ``col``'s vectors (``filter_by``) changed."""
     attrs = state.attrs
@@ -936,7 +945,10 @@ def _plan(
     if isinstance(stmt, Insert):
         return _plan_insert(conn, stmt, rows, table, semantic, pk_cols)
     values = _statement_values(stmt)
-    if isinstance(stmt, Update) and not any(_derived(c) for c in semantic):
+    derived = any(_derived(c) for c in semantic) or any(
+        _derived(c) for c in table.columns if c.key in filters
+    )
+    if isinstance(stmt, Update) and not derived:
         changed = set(values) | {k for r in rows for k in r}
         relevant = {c.key for c in semantic} | {c.key for c in pk_cols} | filters
         if not changed & relevant:

@@ -7,6 +7,7 @@ Plumbing tests on SQLite and PostgreSQL and on both store adapters, with the fak
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 from typing import Any
 
@@ -665,6 +666,50 @@ def test_a_column_computed_from_others_follows_their_writes(
     idx.drain(engine, timeout=10)
     for model, coll in ((Summed, "computed_doc__body"), (Stamped, "onupdate_doc__body")):
         assert assert_index_matches_database(engine, store, model, "body", coll) == 2
+
+
+LATER = dt.datetime(2030, 1, 1)
+
+
+class Flagged(SemanticSearchMixin, _Derived):
+    """Values that travel with the vectors (``filter_by``), derived from the row's others."""
+
+    __tablename__ = "flagged_doc"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(50))
+    priority: Mapped[int] = mapped_column(default=0)
+    checked_at: Mapped[dt.datetime] = mapped_column(
+        default=dt.datetime(2020, 1, 1), onupdate=lambda: LATER
+    )
+    urgent: Mapped[int] = mapped_column(
+        sa.Integer, sa.Computed("CASE WHEN priority > 5 THEN 1 ELSE 0 END", persisted=True)
+    )
+    body: Mapped[str | None] = mapped_column(SemanticText(filter_by=("checked_at", "urgent")))
+
+
+def test_filter_values_derived_from_others_follow_their_writes(
+    engine: Engine, store: Any, installed: Any
+) -> None:
+    """A ``filter_by`` value the database computes (``Computed``) or SQLAlchemy rewrites
+    (``onupdate``) changes with a write to another column: such writes queued nothing, and a
+    where= on the new value missed the rows."""
+    idx, factory = installed(metadata=_Derived.metadata)
+    with factory() as s:
+        s.add_all(Flagged(id=i, title=f"t{i}", body=f"release checklist {i}") for i in (1, 2))
+        s.commit()
+        row = s.get(Flagged, 1)
+        assert row is not None
+        row.priority = 9
+        s.execute(update(Flagged).where(Flagged.id == 2).values(priority=9))
+        s.commit()
+    idx.drain(engine, timeout=10)
+    for pk in (1, 2):
+        (point,) = points_of(idx, pk, "flagged_doc__body")
+        assert point["f"] == {"checked_at": "2030-01-01T00:00:00.000000Z", "urgent": 1}
+    with factory() as s:
+        for where in (Flagged.urgent == 1, Flagged.checked_at >= LATER):
+            hits = Flagged.semantic_search(s, "release checklist", limit=5, where=where)
+            assert sorted(h.obj.id for h in hits) == [1, 2]
 
 
 @pytest.mark.parametrize("first", ["index", "application", "ahead"])

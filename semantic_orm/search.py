@@ -585,19 +585,23 @@ def _rankings(
     return lists
 
 
-def _keyword_max(collection: str, sparse: SparseVector) -> Generator[_Step, Any, float]:
+def _keyword_max(
+    collection: str, sparse: SparseVector, flt: Filter | None
+) -> Generator[_Step, Any, float]:
     """The BM25 score of a chunk holding every term of ``sparse`` at saturation.
 
     ``(k1 + 1) * sum(idf(t))`` over the query's distinct terms, with the IDF the store itself
     applies: one batched request asks for each term's best point and its keyword vector, and
-    ``idf = score / weight``. No filter: IDF is over the whole collection. 1.0 when no term
-    occurs (the keyword list is empty then).
+    ``idf = score / weight``. Under the search's store filter ``flt``: a term that no point
+    the search may return holds counts nothing, so that the words of another tenant's rows do
+    not move a tenant's scores (the IDF itself is the store's, over the whole collection).
+    1.0 when no term occurs (the keyword list is empty then).
     """
     rankings = tuple(
         Ranking(SPARSE_VECTOR, SparseVector((term,), (1.0,)), 1, with_vector=True)
         for term in sparse.indices
     )
-    found = yield _Query(collection, SearchRequest(rankings, payload=()))
+    found = yield _Query(collection, SearchRequest(rankings, filter=flt, payload=()))
     idf = 0.0
     for term, hits in zip(sparse.indices, found, strict=True):
         if not hits or hits[0].sparse is None:
@@ -826,7 +830,10 @@ def _steps(
             if not given:
                 vector = embedded
     sparse = binding.analyzer.query_vector(read) if opts.mode != "dense" else None
-    keyword_max = (yield from _keyword_max(binding.collection, sparse)) if sparse else 1.0
+    flt_typed = _typed(flt, opts)
+    keyword_max = (
+        (yield from _keyword_max(binding.collection, sparse, flt_typed)) if sparse else 1.0
+    )
     lists = _rankings(vector, sparse, keyword_max, opts)
     fusion: Fusion | None = None
     if len(lists) > 1:
@@ -850,7 +857,6 @@ def _steps(
     # one list by row: tier 0 is read to the page's depth first, and the rest of it only when
     # a row of the page may still gain chunks there (see _page_closed)
     hint = hints if fusion is None and by_row and want < depth else None
-    flt_typed = _typed(flt, opts)
     tier = 0
     stop = False
     while lists and not stop and len(hits) < want and len(row_tier) < want:

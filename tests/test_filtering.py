@@ -220,6 +220,41 @@ def test_literals_a_payload_cannot_compare_as_sql_does_are_left_to_sql(
         )  # (the rows differ)
 
 
+def test_a_tenants_scores_do_not_depend_on_the_words_of_other_tenants_rows(
+    posts: sessionmaker[Any],
+) -> None:
+    """A keyword score is a share of the best score the query can reach, which was measured
+    over the whole collection: a word only another tenant's rows hold lowered a tenant's
+    scores, telling whether any other tenant wrote it."""
+    with posts() as s:
+        s.add(Post(id=101, tenant=7, body="alpha report on the quarter"))
+        s.add_all(Post(id=i, tenant=8, body=f"zanzibar acquisition plan {i}") for i in (102, 103))
+        s.commit()
+        for mode in ("keyword", "hybrid"):
+            hits = {
+                query: semantic_search(
+                    s,
+                    Post,
+                    query,
+                    limit=5,
+                    mode=mode,
+                    where=Post.tenant == 7,  # type: ignore[arg-type]
+                )
+                for query in ("alpha zanzibar", "alpha")
+            }
+            assert [h.obj.id for h in hits["alpha zanzibar"]][:1] == [101]
+            with_word, alone = (
+                next(h for h in found if h.obj.id == 101) for found in hits.values()
+            )
+            assert with_word.scores["keyword"] == pytest.approx(alone.scores["keyword"])
+            assert with_word.scores["keyword_share"] == pytest.approx(alone.scores["keyword_share"])
+        theirs = semantic_search(
+            s, Post, "alpha zanzibar", limit=5, mode="keyword", where=Post.tenant == 8
+        )
+        assert {h.obj.id for h in theirs} == {102, 103}  # (their own word still counts)
+        assert all(0 < h.scores["keyword_share"] <= 1 for h in theirs)
+
+
 def test_payload_only_updates_embed_nothing_and_move_the_row(
     posts: sessionmaker[Any],
 ) -> None:

@@ -155,6 +155,12 @@ def _async_types() -> tuple[type[Any], type[Any], type[Any]] | None:
     return AsyncSession, async_sessionmaker, async_scoped_session
 
 
+def is_async_session(session: Any) -> bool:
+    """Whether ``session`` is an ``AsyncSession`` or an ``async_scoped_session``."""
+    found = _async_types()
+    return found is not None and isinstance(session, (found[0], found[2]))
+
+
 def _listen_target(target: Any) -> Any:
     """What listeners attach to: a sessionmaker's private class, or the Session itself."""
     if isinstance(target, scoped_session):
@@ -923,10 +929,26 @@ class SemanticIndex:
         await self.processor.later.aflush(self.engine_for(bind))
 
     def process(self, bind: Any = None, *, limit: int = 256) -> ProcessReport:
-        """Process one batch of due jobs; returns what happened."""
-        engine = self.engine_for(bind)
+        """Process one batch of due jobs; returns what happened.
+
+        Raises:
+            ConfigurationError: ``bind`` is (or the index's one engine is) an async engine:
+                ``await`` :meth:`aprocess` instead.
+        """
+        engine = self._sync_engine(bind, "process", "aprocess")
         self._ready(engine)
         return self.processor.process(engine, limit=limit)
+
+    def _sync_engine(self, bind: Any, name: str, awaited: str) -> Engine:
+        """:meth:`engine_for` for a blocking call (``name``), refusing an async engine, whose
+        driver only runs awaited (``awaited``: the method to await instead)."""
+        engine = self.engine_for(bind)
+        if engine.dialect.is_async:
+            raise ConfigurationError(
+                f"{name}() blocks; {engine.url.render_as_string(hide_password=True)} is an async "
+                f"engine, whose driver runs only awaited: use await index.{awaited}(...)"
+            )
+        return engine
 
     def _ready(self, engine: Engine) -> None:
         """Make sure a worker's database has the outbox (once per engine)."""
@@ -969,8 +991,10 @@ class SemanticIndex:
         Raises:
             TimeoutError: Jobs are still pending after ``timeout`` seconds; the message names
                 them, with their attempts and last error.
+            ConfigurationError: ``bind`` is (or the index's one engine is) an async engine:
+                ``await`` :meth:`adrain` instead.
         """
-        engine = self.engine_for(bind)
+        engine = self._sync_engine(bind, "drain", "adrain")
         self._ready(engine)
         total = ProcessReport()
         deadline = None if timeout is None else time.monotonic() + timeout

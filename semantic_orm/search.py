@@ -102,7 +102,7 @@ from .chunking import CHUNK_TYPES, TYPE_KEY, TYPES_KEY, Chunk
 from .embedding import encode_queries
 from .exc import ConfigurationError, FilterFallbackWarning
 from .filtering import compile_where
-from .index import SemanticIndex, index_for
+from .index import SemanticIndex, index_for, is_async_session
 from .mapping import SemanticColumn, instance_key, select_rows, semantic_columns
 from .ranking import DEFAULT_FUSION, Candidate, Fusion, complete, fuse_tier, order, pk_order
 from .rerank import Reranker, rerank_scores
@@ -1281,10 +1281,15 @@ def semantic_search(
         Hits, best first.
 
     Raises:
-        ConfigurationError: No index is installed, the column is ambiguous or unknown, or an
-            option is invalid (the message names it).
+        ConfigurationError: No index is installed, the column is ambiguous or unknown, an
+            option is invalid (the message names it), or ``session`` is an ``AsyncSession``.
         EmbeddingError: The reranker failed (the message names it).
     """
+    if is_async_session(session):  # its SQL would be coroutines
+        raise ConfigurationError(
+            "semantic_search() takes a Session; for an AsyncSession await "
+            "Model.asemantic_search(session, ...) (or semantic_orm.asemantic_search)"
+        )
     rerank = _rerank_stage(session, options)
     if rerank is not None:
         return rerank.run(

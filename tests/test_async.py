@@ -26,7 +26,15 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
 )
 
-from semantic_orm import AsyncWorker, SemanticIndex, asemantic_search, outbox, processing
+from semantic_orm import (
+    AsyncWorker,
+    ConfigurationError,
+    SemanticIndex,
+    asemantic_search,
+    outbox,
+    processing,
+    semantic_search,
+)
 from semantic_orm.testing import FlakyStore, HashEmbedder
 
 from .helpers import COLL, assert_index_matches_database, points_of, reads_of, settle_fails_once
@@ -203,9 +211,34 @@ async def test_one_async_session_and_async_scoped_sessions(
         await idx.adrain(scoped, timeout=30)
         hits = await Article.asemantic_search(scoped, "async scoped", limit=1, mode="keyword")
         assert hits[0].obj.title == "three"
+        with pytest.raises(ConfigurationError, match=r"await Model\.asemantic_search"):
+            Article.semantic_search(scoped, "async scoped", limit=1)  # (the blocking one)
     finally:
         await scoped.remove()
         idx.uninstall(scoped)
+
+
+async def test_the_blocking_calls_given_an_async_session_or_engine_name_the_awaited_ones(
+    aengine: AsyncEngine, store: Any
+) -> None:
+    """The blocking search given an AsyncSession failed on a coroutine's missing ``.all()``
+    (or, with no hit, returned nothing); drain() and process() given an async engine raised
+    SQLAlchemy's MissingGreenlet."""
+    async with _installed(aengine, store) as (idx, factory):
+        await _add(factory, 1, "owls hunt at night")
+        await idx.adrain(factory, timeout=10)
+        async with factory() as s:
+            for query in ("owls", "nothing shares this"):
+                with pytest.raises(ConfigurationError, match=r"await Model\.asemantic_search"):
+                    Article.semantic_search(s, query, limit=1, mode="keyword")
+                with pytest.raises(ConfigurationError, match="asemantic_search"):
+                    semantic_search(s, Article, query, limit=1)
+        for bind in (aengine, factory, None):  # (None: the one engine the index knows)
+            with pytest.raises(ConfigurationError, match=r"await index\.adrain"):
+                idx.drain(bind, timeout=5)
+            with pytest.raises(ConfigurationError, match=r"await index\.aprocess"):
+                idx.process(bind)
+        assert (await idx.aprocess(aengine)).claimed == 0
 
 
 async def _soon(check: Any, timeout: float = 10.0) -> bool:

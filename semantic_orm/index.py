@@ -70,7 +70,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, cast
 
@@ -738,26 +738,33 @@ class SemanticIndex:
         if _shared_pool(engine):  # a second checkout would be this very driver connection
             outbox.create_tables(conn)
             return
-        if not _reading_locks(conn) and outbox.current(conn):  # found through the caller's
-            # connection: a second one, for each of a burst of first transactions, could wait
-            # for the pool they all hold
+        reading = _reading_locks(conn)
+        if not reading and outbox.current(conn):  # found through the caller's connection: a
+            # second one, for each of a burst of first transactions, could wait for the pool
+            # they all hold
             self._outbox_ready.add(engine)
             return
-        other = engine.connect()  # (failing to connect is the database failing: raised as is)
-        try:
-            with other, other.begin():
-                if other.dialect.name == "postgresql":
-                    other.execute(select(func.pg_advisory_xact_lock(_OUTBOX_LOCK)))
-                outbox.create_tables(other)
+        # SQLite whose driver has begun nothing (pysqlite begins at the first write): a
+        # transaction of its own on the caller's connection, no second one needed either
+        # (its BEGIN IMMEDIATE serializes concurrent first ones)
+        aside = reading or conn.dialect.name != "sqlite"
+        other = engine.connect() if aside else None  # (failing to connect is the database
+        try:  # failing: raised as is)
+            if other is None:
+                _own_sqlite_transaction(conn, outbox.create_tables)
+            else:
+                with other, other.begin():
+                    if other.dialect.name == "postgresql":
+                        other.execute(select(func.pg_advisory_xact_lock(_OUTBOX_LOCK)))
+                    outbox.create_tables(other)
         except Exception as exc:
-            if outbox.exists(conn):
-                self._outbox_ready.add(engine)
-                return
-            raise ConfigurationError(
-                f"semantic_orm could not create its outbox table {outbox.OUTBOX_TABLE!r} on "
-                f"{engine.url.render_as_string(hide_password=True)}: {exc}. Create it with your "
-                "migrations (semantic_orm.outbox.metadata) and pass create_outbox=False"
-            ) from exc
+            if not outbox.exists(conn):
+                raise ConfigurationError(
+                    f"semantic_orm could not create its outbox table {outbox.OUTBOX_TABLE!r} "
+                    f"on {engine.url.render_as_string(hide_password=True)}: {exc}. Create it "
+                    "with your migrations (semantic_orm.outbox.metadata) and pass "
+                    "create_outbox=False"
+                ) from exc
         self._outbox_ready.add(engine)
 
     # -- processing ---------------------------------------------------------------------------
@@ -1121,6 +1128,19 @@ def _reading_locks(conn: Connection) -> bool:
     raw = conn.connection.dbapi_connection
     raw = getattr(raw, "_connection", raw)  # aiosqlite's, under SQLAlchemy's adapter
     return bool(getattr(raw, "in_transaction", True))
+
+
+def _own_sqlite_transaction(conn: Connection, work: Callable[[Connection], None]) -> None:
+    """Run ``work`` on ``conn`` (SQLite, its driver in no transaction) in a transaction of its
+    own, committed before returning: the caller's transaction begins after it, at its first
+    write, as it would have."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        work(conn)
+    except BaseException:
+        conn.exec_driver_sql("ROLLBACK")
+        raise
+    conn.exec_driver_sql("COMMIT")
 
 
 def _shared_pool(engine: Engine) -> bool:

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     async_scoped_session,
     async_sessionmaker,
+    create_async_engine,
 )
 
 from semantic_orm import (
@@ -391,6 +392,40 @@ async def test_jobs_an_earlier_run_left_are_synced_at_the_first_async_transactio
         assert await _soon(lambda: bool(points_of(idx, 1)))
         assert await _soon(lambda: not idx._aretrying)  # then it ends
         assert await _outbox_rows(aengine) == 0
+
+
+async def test_a_burst_of_first_async_commits_on_sqlite_creates_the_outbox(
+    tmp_path: Any, store: Any
+) -> None:
+    """install() creates no outbox for an async engine (it cannot wait there): the first
+    transactions of an application on a fresh SQLite database (a burst of requests, one per
+    connection of the pool) each took a second connection to create it, and every one of them
+    waited for the pool's timeout, then failed."""
+    aengine = create_async_engine(
+        f"sqlite+aiosqlite:///{tmp_path / 'app.sqlite3'}",
+        pool_size=4,
+        max_overflow=0,
+        pool_timeout=3,
+    )
+    async with aengine.begin() as conn:
+        await conn.run_sync(Article.metadata.create_all)
+    try:
+        async with _installed(aengine, store) as (idx, factory):
+
+            async def commit(i: int) -> None:
+                async with factory() as s:
+                    s.add(Article(id=i, title="t", content=f"row {i} about rivers"))
+                    await s.commit()
+
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(commit(i) for i in range(1, 5)), return_exceptions=True
+            )
+            assert results == [None] * 4 and time.monotonic() - started < 2.5
+            await idx.adrain(factory, timeout=10)
+            assert store.count(COLL) == 4 and await _no_jobs(aengine)
+    finally:
+        await aengine.dispose()
 
 
 async def test_adrain_and_an_async_worker_on_a_database_without_an_outbox(

@@ -542,6 +542,50 @@ def test_a_first_transaction_finds_the_outbox_through_its_own_connection(db_url:
         engine.dispose()
 
 
+def test_a_first_transaction_on_sqlite_creates_the_outbox_through_its_own_connection(
+    tmp_path: Any,
+) -> None:
+    """On SQLite (whose driver begins a transaction only at the first write) the outbox is
+    created in a transaction of its own on the first transaction's connection: it took a
+    second one from the pool, and a burst of first transactions (an application's first
+    requests) holding every connection waited for the pool's timeout, then failed (here three
+    at once on a pool of three). Concurrent first transactions are serialized."""
+    engine = sa.create_engine(
+        f"sqlite:///{tmp_path / 'app.sqlite3'}", pool_size=3, max_overflow=0, pool_timeout=3
+    )
+    Base.metadata.create_all(engine)
+    checkouts: list[int] = []
+    sa.event.listen(engine, "checkout", lambda *args: checkouts.append(1))
+    idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(), mode="deferred")
+    factory = sessionmaker()  # unbound: the outbox is created at the first transaction
+    idx.install(factory)
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def commit(i: int) -> None:
+        try:
+            start.wait()
+            with factory(bind=engine) as s:
+                s.add(Article(id=i, title="t", content=f"row {i}"))
+                s.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        started = time.monotonic()
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(1, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(checkouts) == 3 and time.monotonic() - started < 2
+        assert len(jobs(engine)) == 3
+    finally:
+        idx.uninstall(factory)
+        engine.dispose()
+
+
 def test_per_model_binds(tmp_path: Any, pg_url: Any, store: Any) -> None:
     first = sa.create_engine(f"sqlite:///{tmp_path / 'a.sqlite3'}")
     second = sa.create_engine(f"sqlite:///{tmp_path / 'b.sqlite3'}")

@@ -492,8 +492,16 @@ def test_concurrent_first_commits_on_a_fresh_database(postgresql_url: Any) -> No
     idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(), mode="deferred")
     factory = sessionmaker()  # unbound: the outbox is created at first use
     idx.install(factory)
+    assert _commit_at_once(factory, engine, 6) == []
+    assert len(jobs(engine)) == 6
+    idx.uninstall(factory)
+    engine.dispose()
+
+
+def _commit_at_once(factory: sessionmaker[OrmSession], engine: Any, n: int) -> list[BaseException]:
+    """Commit one new article in each of ``n`` threads started together; what they raised."""
     errors: list[BaseException] = []
-    start = threading.Barrier(6)
+    start = threading.Barrier(n)
 
     def commit(i: int) -> None:
         try:
@@ -504,15 +512,12 @@ def test_concurrent_first_commits_on_a_fresh_database(postgresql_url: Any) -> No
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=commit, args=(i,)) for i in range(1, 7)]
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(1, n + 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
-    assert len(jobs(engine)) == 6
-    idx.uninstall(factory)
-    engine.dispose()
+    return errors
 
 
 def test_a_first_transaction_finds_the_outbox_through_its_own_connection(db_url: Any) -> None:
@@ -559,26 +564,9 @@ def test_a_first_transaction_on_sqlite_creates_the_outbox_through_its_own_connec
     idx = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder(), mode="deferred")
     factory = sessionmaker()  # unbound: the outbox is created at the first transaction
     idx.install(factory)
-    errors: list[BaseException] = []
-    start = threading.Barrier(3)
-
-    def commit(i: int) -> None:
-        try:
-            start.wait()
-            with factory(bind=engine) as s:
-                s.add(Article(id=i, title="t", content=f"row {i}"))
-                s.commit()
-        except BaseException as exc:
-            errors.append(exc)
-
     try:
         started = time.monotonic()
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(1, 4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        assert _commit_at_once(factory, engine, 3) == []
         assert len(checkouts) == 3 and time.monotonic() - started < 2
         assert len(jobs(engine)) == 3
     finally:

@@ -6,7 +6,8 @@ A search reads as a straight line:
 2. **plan** the query: normalise it as the column's chunks were (:mod:`semantic_orm.normalizing`),
    embed it the embedder's query way (``encode_query``, unless ``query_vector=`` is given),
    compute its keyword vector with the column's analyser and the IDF of its terms (one batched
-   store request: the keyword scale), and ask the store for the rankings of the mode
+   store request under the search's store filter: the keyword scale), and ask the store for
+   the rankings of the mode
    (:class:`~semantic_orm.stores.base.SearchRequest`);
 3. **rank**: turn the store's lists into one deterministic order, tier by tier
    (:mod:`semantic_orm.ranking`), fusing dense and keyword rankings in hybrid mode;
@@ -46,7 +47,8 @@ Three ranking modes (``mode=``):
 * ``"keyword"``: BM25 over the words of each chunk (:mod:`semantic_orm.keywords`); finds exact
   codes, names and rare terms that embeddings blur. ``hit.score`` is the share of the query's
   keyword evidence the chunk holds: its BM25 score over that of a chunk holding every query
-  term at saturation (the IDF comes from the store, one batched request per query), 0 to 1.
+  term at saturation among the rows the search may return (the IDF comes from the store, one
+  batched request per query), 0 to 1.
 * ``"hybrid"`` (the default, :data:`DEFAULT_MODE`): both rankings fused
   (:mod:`semantic_orm.ranking`, :class:`~semantic_orm.ranking.ScoreFusion` by default): a
   weighted sum of the cosine and the keyword share, the dense half weighted by how much of the

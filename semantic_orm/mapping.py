@@ -193,6 +193,25 @@ def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def rewrites_keys(mapper: Mapper[Any]) -> bool:
+    """Whether :func:`canonical_key` may rewrite a key of ``mapper``'s rows (not when every
+    primary key column is an integer or a string: such keys read back as they were written)."""
+    return not all(t is int or t is str for t in _pk_types(mapper))
+
+
+def canonical_key(mapper: Mapper[Any], key: str) -> str:
+    """``key`` as :func:`row_key` writes it for ``mapper``'s row: a key written from values
+    read without the mapper's types (a migration reflects a ``Uuid`` key of SQLite as its
+    32 hex digits) is read with them and written again; ``key`` itself when it is that
+    already, or cannot be read."""
+    if not rewrites_keys(mapper):
+        return key
+    try:
+        return row_key(key_values(mapper, key))
+    except (TypeError, ValueError):
+        return key
+
+
 def pk_in(
     mapper: Mapper[Any], keys: Sequence[str], columns: Sequence[Any] | None = None
 ) -> ColumnElement[bool]:

@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, select
@@ -59,7 +59,15 @@ from .exc import ConfigurationError, is_transient
 from .filtering import FilterField, row_fields
 from .forking import RenewedLock
 from .gate import WriteGate
-from .mapping import SemanticColumn, key_params, keys_in, pk_in, row_key
+from .mapping import (
+    SemanticColumn,
+    canonical_key,
+    key_params,
+    keys_in,
+    pk_in,
+    rewrites_keys,
+    row_key,
+)
 from .outbox import Job, JobKey
 
 __all__ = [
@@ -868,6 +876,7 @@ class _Pass:
         self.grouped = True
         known = written or {}
         self.report.claimed = len(self.jobs)
+        self.jobs = self._canonical(self.jobs)
         for job in self.jobs:
             self.by_key.setdefault(job.key, []).append(job)
         groups: dict[tuple[str, str], list[str]] = {}
@@ -899,6 +908,24 @@ class _Pass:
             )
             self.failed.append((unknown, error))
         return bool(self.unread)
+
+    def _canonical(self, jobs: list[Job]) -> list[Job]:
+        """``jobs``, each named by its row's key as the model writes it
+        (:func:`~semantic_orm.mapping.canonical_key`): a job a migration queued from the
+        reflected table may name it otherwise, and its row was read as missing."""
+        mappers: dict[tuple[str, str], Mapper[Any] | None] = {}  # (None: keys kept as they are)
+        out = []
+        for job in jobs:
+            table, column, pk = job.key
+            where = (table, column)
+            if where not in mappers:
+                binding = self.processor.resolve(table, column)
+                mapper = None if binding is None else _owner(binding.column)
+                mappers[where] = mapper if mapper is not None and rewrites_keys(mapper) else None
+            mapper = mappers[where]
+            canon = pk if mapper is None else canonical_key(mapper, pk)
+            out.append(job if canon == pk else replace(job, key=JobKey(table, column, canon)))
+        return out
 
     def read(self, conn: Connection) -> None:
         """Read the current value of the rows :meth:`group` left unread."""

@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ from semantic_orm import (
     SemanticText,
     alembic_helpers,
     outbox,
+    semantic_search,
 )
 from semantic_orm.alembic_helpers import (
     CreateSemanticIndexOp,
@@ -454,6 +456,51 @@ def test_create_semantic_index_keys_rows_like_the_mapper(
     assert ("passage", "body", '["de", 1]') in expected  # (lang, doc_id): the key's order
     assert queued == len(rows)
     assert memo_jobs(engine) == expected
+
+
+class Ticket(PassageBase):
+    """A ``Uuid`` key, which SQLite stores (and a migration reflects) as 32 hex digits."""
+
+    __tablename__ = "ticket"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    body: Mapped[str | None] = mapped_column(SemanticText())
+
+
+def test_rows_a_migration_queued_by_a_key_the_mapper_writes_otherwise_are_synced(
+    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder
+) -> None:
+    """The jobs of a ``Uuid`` key reflected as hex digits (SQLite) named their rows in a way
+    the worker's reading of them did not: each row was read as gone, its job settled, the row
+    never indexed (reconcile alone found it). Its points take the key the mapper writes, which
+    an ORM update of the row uses too."""
+    ids = sorted(uuid.UUID(int=i * 7919) for i in range(1, 4))
+    with engine.connect() as conn:
+        PassageBase.metadata.create_all(conn)
+        outbox.metadata.create_all(conn)
+        conn.execute(
+            sa.insert(Ticket.__table__), [{"id": u, "body": f"printer jam {u}"} for u in ids]
+        )
+        assert operations_on(conn).create_semantic_index("ticket", "body") == 3
+        conn.commit()
+    idx = SemanticIndex(store=store, embedder=hash_embedder, mode="deferred", models=[Ticket])
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    try:
+        assert idx.drain(engine, timeout=30).done == 3
+        keys = {row_key((u,)) for u in ids}
+        assert {p.payload["pk"] for p in store.points("ticket__body")} == keys
+        with factory() as session:
+            hits = semantic_search(session, Ticket, "printer jam", limit=5, mode="keyword")
+            assert sorted(h.obj.id for h in hits) == ids
+            ticket = session.get(Ticket, ids[0])
+            assert ticket is not None
+            ticket.body = "paper tray empty"
+            session.commit()
+        idx.drain(engine, timeout=30)
+        assert {p.payload["pk"] for p in store.points("ticket__body")} == keys  # no second key
+    finally:
+        idx.uninstall(factory)
 
 
 def test_offline_mode(tmp_path: Path) -> None:

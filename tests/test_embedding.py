@@ -38,9 +38,7 @@ from semantic_orm import (
     VectorStore,
 )
 from semantic_orm.binding import drift
-from semantic_orm.chunking import fit, tokenizer_lock
 from semantic_orm.embedding import embedder_settings, encode_queries
-from semantic_orm.forking import RenewedLock
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
 
@@ -781,8 +779,9 @@ def test_cuda_commits_sync_and_search_end_to_end(engine: Engine, store: VectorSt
 
 
 class _OneCallAtATime:
-    """A tokenizer as transformers 4 made them: a call while another thread's call runs fails
-    (its Rust object is borrowed to set padding and truncation: ``Already borrowed``)."""
+    """A tokenizer that fails a call made while another thread's call runs (as transformers 4
+    did, ``Already borrowed``; transformers 5's changed the running call's padding and
+    truncation settings instead: another vector, another token count)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -808,9 +807,7 @@ def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(
     onnx_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A search embeds its query while a sync embeds chunks, counts their tokens and splits the
-    long ones, with one model: with transformers 4, the library's calls of the tokenizer take
-    turns."""
-    monkeypatch.setattr(fit, "_borrows", True)  # as with transformers 4
+    long ones, with one model: the library's calls of the tokenizer take turns."""
     embedder = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
     tokenizer = _OneCallAtATime(embedder.model.tokenizer)
     embedder.model.tokenizer = tokenizer
@@ -833,12 +830,9 @@ def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(
 def test_sentence_transformers_encodes_holding_the_tokenizers_lock(
     torch_minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the torch backend sentence-transformers tokenizes inside ``encode``: with
-    transformers 4, the library's other calls of that tokenizer wait for it (with transformers
-    5 nothing is held: threads share a tokenizer freely)."""
+    """On the torch backend sentence-transformers tokenizes inside ``encode``: the library's
+    other calls of that tokenizer wait for it."""
     model = torch_minilm.model
-    monkeypatch.setattr(fit, "_borrows", False)
-    assert not isinstance(tokenizer_lock(model.tokenizer), RenewedLock)
     held = tokenizer_held_in(monkeypatch, model, "encode")
     torch_minilm.encode(TEXTS[:2])
     torch_minilm.encode_query(TEXTS[:1])

@@ -61,8 +61,8 @@ order. Only a single grapheme cluster that alone exceeds ``max_tokens`` tokens i
 (at a token boundary), the same exception the chunkers make for ``chunk_size``.
 
 :func:`tokenizer_spans` adapts a Hugging Face tokenizer to it; :func:`tokenizer_lock` is what
-every call the library makes into such a tokenizer holds (a tokenizer of transformers 4 refuses
-a second thread meanwhile).
+every call the library makes into such a tokenizer holds (a tokenizer keeps its padding and
+truncation settings on one object: another thread's call meanwhile changes them).
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
 from typing import Any
 
 from ..forking import RenewedLock
@@ -96,34 +95,19 @@ _tokenizer_locks: weakref.WeakKeyDictionary[Any, RenewedLock] = weakref.WeakKeyD
 _unkeyed = RenewedLock(reentrant=True)
 """The lock of a tokenizer that cannot be a weak key (one lock for all of those)."""
 _finding = RenewedLock()
-_borrows: bool | None = None
-"""Whether the installed transformers needs the locks (``None``: not looked up yet)."""
-
-
-def _borrowing() -> bool:
-    """Whether a tokenizer of the installed transformers sets its padding and truncation on its
-    Rust object at each call (before transformers 5; assumed when the version is unknown)."""
-    global _borrows
-    if _borrows is None:
-        try:
-            _borrows = int(metadata.version("transformers").split(".")[0]) < 5
-        except (metadata.PackageNotFoundError, ValueError):
-            _borrows = True
-    return _borrows
 
 
 def tokenizer_lock(tokenizer: Any) -> contextlib.AbstractContextManager[Any]:
-    """What this library holds while it calls ``tokenizer``: a lock per tokenizer object where
-    the installed transformers needs it, else nothing.
+    """What this library holds while it calls ``tokenizer``: a lock per tokenizer object.
 
-    A Hugging Face fast tokenizer of transformers 4 called with padding or truncation settings
-    first sets them on its Rust object; a second thread doing so meanwhile failed with
-    ``RuntimeError: Already borrowed`` (a search embedding its query while a sync embeds
-    chunks, or counts their tokens, with the same model). Transformers 5 does not: there
-    threads share a tokenizer freely.
+    A Hugging Face fast tokenizer called with padding or truncation settings first sets them on
+    its one Rust object, then tokenizes: a second thread calling it meanwhile (a search
+    embedding its query while a sync embeds chunks, or counts their tokens, with the same
+    model) changed the first one's settings under it. With transformers 5 a chunk was embedded
+    untruncated (another vector), counted at the 256 tokens another call truncated it to (an
+    over-long chunk not split), or failed; transformers 4 refuses the second call
+    (``RuntimeError: Already borrowed``).
     """
-    if not _borrowing():
-        return contextlib.nullcontext()
     with _finding:
         try:
             lock = _tokenizer_locks.get(tokenizer)

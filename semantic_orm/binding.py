@@ -11,7 +11,9 @@ target (:meth:`ColumnBinding.retarget`).
 Drift lives here too: :func:`drift` compares what a collection recorded when it was built with
 what the column declares now, and :meth:`Bindings.check` refuses a collection whose vectors no
 longer fit (:class:`~semantic_orm.exc.EmbeddingDriftError`, naming each change and the rebuild
-command), or lets searches through with a warning when only the chunk settings changed.
+command), or lets searches through with a warning when only the chunk settings changed. A
+collection found fit is looked at again after :data:`RECHECK` seconds: another process (a new
+deployment sharing the Qdrant server) may have rebuilt and switched it meanwhile.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,9 @@ from .version import __version__
 __all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
 
 log = logging.getLogger("semantic_orm")
+
+RECHECK = 30.0
+"""Seconds a collection found fit for a column's vectors is trusted before it is read again."""
 
 
 def fingerprint(
@@ -238,8 +244,10 @@ class Bindings:
         self._bindings: dict[tuple[str, str, tuple[Any, ...]], ColumnBinding] = {}
         self._columns: dict[tuple[str, str], SemanticColumn] = {}
         self._owners: dict[str, tuple[str, str, str]] = {}  # collection -> table, column, label
-        self._checked: dict[str, str] = {}  # collection -> fingerprint checked for writing
-        self._searchable: dict[str, str] = {}  # drifted in chunking only: searchable
+        # collection -> (fingerprint checked for writing, or searchable only: drifted in its
+        # chunking; time.monotonic() when it was)
+        self._checked: dict[str, tuple[str, float]] = {}
+        self._searchable: dict[str, tuple[str, float]] = {}
         self._untrusted: dict[str, frozenset[str]] = {}  # collection -> filter fields not filled
         self._lock = RenewedLock(reentrant=True)
 
@@ -310,11 +318,11 @@ class Bindings:
                 command that rebuilds the collection.
         """
         name = binding.target
-        done = self._checked.get(name)
-        if done == binding.fingerprint or (
-            for_search and self._searchable.get(name) == binding.fingerprint
-        ):
-            return
+        now = time.monotonic()
+        for seen in (self._checked, self._searchable) if for_search else (self._checked,):
+            done = seen.get(name)
+            if done is not None and done[0] == binding.fingerprint and now - done[1] < RECHECK:
+                return
         spec = binding.spec
         try:
             self.store.ensure_collection(spec)
@@ -327,11 +335,13 @@ class Bindings:
         self._note_filters(binding, recorded)
         changes = drift(recorded, spec)
         if not changes:
-            self._checked[name] = binding.fingerprint
+            self._checked[name] = (binding.fingerprint, now)
             return
+        self._checked.pop(name, None)
         if for_search and not {"model", "dimension"} & set(changes):
-            log.warning("semantic_orm: %s", drift_error(binding, name, changes))
-            self._searchable[name] = binding.fingerprint
+            if name not in self._searchable:
+                log.warning("semantic_orm: %s", drift_error(binding, name, changes))
+            self._searchable[name] = (binding.fingerprint, now)
             return
         raise drift_error(binding, name, changes)
 

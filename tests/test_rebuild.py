@@ -27,6 +27,7 @@ from semantic_orm import (
     SemanticSearchMixin,
     SemanticText,
     VectorStore,
+    binding,
     outbox,
 )
 from semantic_orm.maintenance import REBUILD_MARK, gc, rebuild, rebuild_name, status
@@ -211,7 +212,7 @@ def test_chunk_size_change_is_detected_then_rebuilt_while_searches_run(
 
 
 def test_model_change_is_refused_then_rebuilt_and_resumed(
-    engine: Engine, store: VectorStore
+    engine: Engine, store: VectorStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = make_model(chunk_size=150)
     old_idx, old_factory = setup_app(engine, store, model, HashEmbedder(dimension=64), ROWS)
@@ -261,13 +262,26 @@ def test_model_change_is_refused_then_rebuilt_and_resumed(
     assert second.switched and second.embedded == 0  # resumed: nothing left to embed
     assert new_idx.store.points("doc__body", "0") == []  # the row deleted meanwhile is gone
     assert new_idx.store.collection_info("doc__body")["dimension"] == 32  # type: ignore[index]
+    # the old deployment, still running, looks at the collection again (after RECHECK s): it
+    # kept writing its model's vectors into the switched collection, and searching it
+    monkeypatch.setattr(binding, "RECHECK", 0.0)
+    late = ROWS + 1
+    with old_factory() as s:
+        s.add(model(id=late, title="late", body="a late row about zeppelins"))
+        s.commit()
+        with pytest.raises(EmbeddingDriftError):
+            model.semantic_search(s, "harbor")
+    assert new_idx.store.points("doc__body", str(late)) == []  # refused: its job waits
     new_idx.install(new_factory)
     try:
+        new_idx.drain(engine, timeout=30)  # (synced by the new model, searched below)
+        assert len(new_idx.store.points("doc__body", str(late))) == 1
         with new_factory() as s:
             for i in range(1, ROWS):
                 hits = model.semantic_search(s, WORDS[i], limit=1, mode="hybrid")
                 assert hits[0].obj.id == i
             assert all(h.obj.id != 0 for h in model.semantic_search(s, WORDS[0], limit=ROWS))
+            assert model.semantic_search(s, "zeppelins", limit=1)[0].obj.id == late
     finally:
         new_idx.uninstall(new_factory)
         old_idx.uninstall(old_factory)

@@ -3,7 +3,8 @@
 Each command names the application's index as ``module:attribute``. Importing that module must
 define the :class:`~semantic_orm.index.SemanticIndex` and import the models (their columns are
 found in the process's ORM registries; ``models=`` on the index narrows them). The database is
-the engine the index was installed with (a bound ``sessionmaker``), or ``--db URL``::
+the engine the index was installed with (a bound ``sessionmaker``), or ``--db URL`` (with that
+engine's execution options, a tenant's ``schema_translate_map``, when there is one)::
 
     semantic-orm worker myapp.search:index [--once] [--interval 10]
     semantic-orm status myapp.search:index [--json]
@@ -25,7 +26,8 @@ behind (:func:`semantic_orm.maintenance.reconcile`); ``gc`` drops the collection
 renamed columns.
 
 Errors are one line on stderr, never a traceback: exit status 2 for a usage or configuration
-error (a wrong ``module:attribute``, a missing table), 1 for a failure of the database or the
+error (a wrong ``module:attribute``, an object that is not a model where one is named, a
+missing table, a ``--batch`` under 1), 1 for a failure of the database or the
 vector store (a Qdrant Edge directory held by another process). ``worker`` without ``--once``
 (a service) waits out a database that fails for a while (unreachable, restarting, locked): a
 line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on. An error no
@@ -43,11 +45,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import outbox
@@ -88,7 +90,76 @@ def _index(spec: str) -> SemanticIndex:
 
 
 def _engine(index: SemanticIndex, url: str | None) -> Engine:
-    return create_engine(url) if url else index.engine_for()
+    """The index's installed engine, or one on ``url`` with that engine's execution options
+    (a tenant's ``schema_translate_map``: without it the command read and wrote the tables of
+    the schema the models declare, another tenant's, into this tenant's collections); either
+    with its dialect's blocking driver where it has an async one (:func:`_blocking`)."""
+    if not url:
+        return _blocking(index.engine_for())
+    try:
+        engine = create_engine(url)
+    except ArgumentError as exc:  # not a URL, or an unknown driver
+        raise ConfigurationError(f"--db {url!r}: {exc}") from None
+    try:
+        installed = index.engine_for()
+    except ConfigurationError:  # no one engine installed: nothing to carry over
+        return _blocking(engine)
+    return _blocking(_with_options(engine, installed.get_execution_options()))
+
+
+_BLOCKING_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
+"""The driver the commands use for a database whose URL names an async one."""
+
+
+def _blocking(engine: Engine) -> Engine:
+    """``engine``, or where its driver is an async one (``sqlite+aiosqlite``,
+    ``postgresql+asyncpg``: it runs only awaited, and the commands block) an engine on the same
+    database with its dialect's blocking driver and the same execution options."""
+    if not engine.dialect.is_async:
+        return engine
+    url = engine.url
+    driver = _BLOCKING_DRIVERS.get(url.get_backend_name())
+    if driver is None:
+        raise ConfigurationError(
+            f"{url.drivername} is an async driver, which the commands cannot use: pass --db "
+            "with the database's URL for a blocking driver"
+        )
+    return _with_options(create_engine(url.set(drivername=driver)), engine.get_execution_options())
+
+
+def _with_options(engine: Engine, options: Mapping[str, Any]) -> Engine:
+    return engine.execution_options(**options) if options else engine
+
+
+def _model(spec: str) -> type[Any]:
+    """The mapped class ``spec`` names."""
+    found = _load(spec)
+    if isinstance(found, type) and inspect(found, raiseerr=False) is not None:
+        return found
+    what = "a class no mapper maps" if isinstance(found, type) else f"a {type(found).__name__}"
+    raise ConfigurationError(f"{spec} is {what}, not a model (module:Class of a mapped class)")
+
+
+def _seconds(text: str) -> float:
+    """A duration option (``--poll``, ``--interval``): a number of seconds, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """An ``int`` option that must be at least 1 (``--batch``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _unmapped(index: SemanticIndex, engine: Engine) -> int:
@@ -122,10 +193,10 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--db", help="database URL (default: the index's installed engine)")
         if name == "worker":
             cmd.add_argument("--once", action="store_true", help="stop when no job is due")
-            cmd.add_argument("--batch", type=int, default=256)
-            cmd.add_argument("--poll", type=float, default=1.0, help="seconds between polls")
+            cmd.add_argument("--batch", type=_positive, default=256)
+            cmd.add_argument("--poll", type=_seconds, default=1.0, help="seconds between polls")
             cmd.add_argument(
-                "--interval", type=float, default=10.0, help="seconds between progress lines"
+                "--interval", type=_seconds, default=10.0, help="seconds between progress lines"
             )
         elif name == "reindex":
             cmd.add_argument("model", help="module:Class of the model")
@@ -141,12 +212,12 @@ def _parser() -> argparse.ArgumentParser:
                 help="with --rebuild: build (or resume) the new collection, do not switch yet",
             )
             cmd.add_argument("--column", help="with --rebuild: only this semantic attribute")
-            cmd.add_argument("--batch", type=int, default=None)
+            cmd.add_argument("--batch", type=_positive, default=None)
         elif name == "reconcile":
             cmd.add_argument("model", nargs="?", help="module:Class (default: every column)")
             cmd.add_argument("--restart", action="store_true", help="ignore the checkpoint")
             cmd.add_argument("--no-process", action="store_true", help="only queue the jobs")
-            cmd.add_argument("--batch", type=int, default=1000)
+            cmd.add_argument("--batch", type=_positive, default=1000)
             cmd.add_argument("--json", action="store_true")
         elif name == "requeue":
             cmd.add_argument(
@@ -166,7 +237,9 @@ def _parser() -> argparse.ArgumentParser:
         elif name == "eval":
             cmd.add_argument("model", help="module:Class of the model")
             cmd.add_argument("gold", help='JSON lines: {"question", "pk", "span": [start, end]}')
-            cmd.add_argument("--k", type=int, default=5, help="cut-off for Recall@k and MRR@k")
+            cmd.add_argument(
+                "--k", type=_positive, default=5, help="cut-off for Recall@k and MRR@k"
+            )
             cmd.add_argument("--mode", choices=SEARCH_MODES, default=DEFAULT_MODE)
             cmd.add_argument("--column", help="semantic attribute, if the model has several")
             cmd.add_argument(
@@ -193,7 +266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except SQLAlchemyError as exc:
         print(f"semantic-orm: database error: {first_line(exc)}", file=sys.stderr)
-        return 1
+        return 2 if _missing_table(exc) else 1
+
+
+def _missing_table(error: SQLAlchemyError) -> bool:
+    """Whether ``error`` says a table the command reads is not in the database (a setting at
+    fault: the wrong ``--db``, or a migration not run)."""
+    orig = getattr(error, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return code == "42P01" or "no such table" in str(orig).lower()
 
 
 def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
@@ -300,8 +381,10 @@ def _status_table(found: list[ColumnStatus]) -> None:
 
 
 def _reindex(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
-    model = _load(args.model)
+    model = _model(args.model)
     if not args.rebuild:
+        if args.no_switch or args.column:
+            raise ConfigurationError("--no-switch and --column go with --rebuild")
         n = reindex(
             index, model, engine, all_rows=args.all, batch_size=args.batch or 500, progress=True
         )
@@ -327,7 +410,7 @@ def _reindex(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> 
 
 
 def _reconcile(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
-    model = _load(args.model) if args.model else None
+    model = _model(args.model) if args.model else None
     found = reconcile(
         index,
         model,
@@ -388,7 +471,7 @@ def _gc(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _eval(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
-    model = _load(args.model)
+    model = _model(args.model)
     gold = load_gold(args.gold)
     with Session(engine) as session:
         report = evaluate(

@@ -122,6 +122,83 @@ def test_version_and_one_line_errors(app: Any, capsys: pytest.CaptureFixture[str
     assert "has no attribute 'missing'" in capsys.readouterr().err
     assert cli_main(["reindex", "tests.cli_app:index", "tests.models:Nope"]) == 2
     assert "has no attribute 'Nope'" in capsys.readouterr().err
+    # not a model where one is named (a traceback, or "database error", with status 1)
+    for argv, said in (
+        (["reindex", "tests.cli_app:index", "tests.cli_app:engine"], "is a Engine, not a model"),
+        (["reindex", "tests.cli_app:index", "tests.models:Base"], "a class no mapper maps"),
+        (["reconcile", "tests.cli_app:index", "tests.cli_app:Session"], "is a sessionmaker"),
+        (["reindex", "tests.cli_app:index", "tests.models:Article", "--no-switch"], "--rebuild"),
+        (["status", "tests.cli_app:index", "--db", "not a url"], "--db 'not a url'"),
+    ):
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, argv
+    # options that would do nothing (a batch of 0: exit 0, the work not done), or fail late
+    for argv in (
+        ["worker", "tests.cli_app:index", "--once", "--batch", "0"],
+        ["reconcile", "tests.cli_app:index", "--batch", "-1"],
+        ["reindex", "tests.cli_app:index", "tests.models:Article", "--batch", "0"],
+        ["worker", "tests.cli_app:index", "--poll", "-1"],
+        ["eval", "tests.cli_app:index", "tests.models:Article", "gold.jsonl", "--k", "0"],
+    ):
+        with pytest.raises(SystemExit) as refused:
+            cli_main(argv)
+        assert refused.value.code == 2, argv
+        assert "must be" in capsys.readouterr().err, argv
+
+
+def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) -> None:
+    """The README says an async URL works for ``--db`` and for an index installed on an
+    ``async_sessionmaker``: the commands (which block) failed on SQLAlchemy's MissingGreenlet,
+    or found no engine at all."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+    from semantic_orm import SemanticIndex
+    from semantic_orm.cli import _engine
+    from semantic_orm.testing import HashEmbedder, MemoryStore
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'app.sqlite3'}"
+    index = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    factory = async_sessionmaker(create_async_engine(url))
+    index.install(factory)
+    try:
+        for given in (_engine(index, None), _engine(index, url)):
+            assert given.url.drivername == "sqlite" and not given.dialect.is_async
+            assert given.url.database == str(tmp_path / "app.sqlite3")
+            with given.connect() as conn:  # (a blocking connection works)
+                assert conn.exec_driver_sql("select 1").scalar() == 1
+    finally:
+        index.uninstall(factory)
+
+
+def test_a_database_url_keeps_the_installed_engines_schema_translation(tmp_path: Path) -> None:
+    """``--db`` for a tenant's index (its engine translates the models' schema to the
+    tenant's): the command read and wrote the tables the models declare, another tenant's,
+    into this tenant's collections."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from semantic_orm import SemanticIndex
+    from semantic_orm.cli import _engine
+    from semantic_orm.testing import HashEmbedder, MemoryStore
+
+    url = f"sqlite:///{tmp_path / 'tenant.sqlite3'}"
+    tenant = create_engine(url).execution_options(schema_translate_map={None: "acme"})
+    index = SemanticIndex(
+        store=MemoryStore(),
+        embedder=HashEmbedder(),
+        collection_prefix="acme__",
+        create_outbox=False,
+    )
+    factory = sessionmaker(tenant)
+    index.install(factory)
+    try:
+        given = _engine(index, url)
+        assert given.get_execution_options()["schema_translate_map"] == {None: "acme"}
+        assert given.url == tenant.url and given is not tenant
+        assert _engine(index, None) is tenant
+    finally:
+        index.uninstall(factory)
 
 
 def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
@@ -135,7 +212,7 @@ def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: A
         code = cli_main(["reindex", "tests.cli_app:index", "tests.models:Article"])
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]  # after the progress bar's line
-        assert code == 1 and last.startswith("semantic-orm: database error:")
+        assert code == 2 and last.startswith("semantic-orm: database error:")  # (a setting)
         assert "article" in last and "Traceback" not in err
     finally:
         unload_cli_app(module)

@@ -6,7 +6,8 @@ into your ``env.py``::
     from semantic_orm.alembic_helpers import compare_type, register_operations, render_item
     from semantic_orm.outbox import metadata as outbox_metadata
 
-    register_operations()  # op.create_semantic_index, op.reindex_semantic, op.drop_semantic_index
+    register_operations()  # op.create_semantic_index, .reindex_semantic, .rename_semantic_index,
+                           # .drop_semantic_index
 
     context.configure(
         connection=connection,
@@ -24,6 +25,15 @@ Then, in a migration that adds a semantic column to a populated table::
     def downgrade() -> None:
         op.drop_semantic_index("note", "body")    # drop the column's pending jobs
         op.drop_column("note", "body")
+
+A migration that renames a semantic column (or its table) moves its pending jobs along::
+
+    op.alter_column("note", "body", new_column_name="text")
+    op.rename_semantic_index("note", "body", new_column_name="text")
+
+A migration run once per tenant schema through ``schema_translate_map`` passes no ``schema=``
+to these operations: the index names each job's table as the model declares it (``schema=``
+is for a table the model itself declares in a schema).
 
 The operations only write outbox jobs, in the migration's transaction: nothing is embedded while
 the migration runs. A worker (``semantic-orm worker``, or ``SemanticIndex.drain()``) embeds the
@@ -50,6 +60,7 @@ __all__ = [
     "CreateSemanticIndexOp",
     "DropSemanticIndexOp",
     "ReindexSemanticOp",
+    "RenameSemanticIndexOp",
     "compare_type",
     "register_operations",
     "render_item",
@@ -188,6 +199,75 @@ class ReindexSemanticOp(_SemanticColumnOp):
         return int(operations.invoke(cls(table_name, column_name, schema=schema)))
 
 
+class RenameSemanticIndexOp(_SemanticColumnOp):
+    """``op.rename_semantic_index``: move a renamed semantic column's pending jobs along."""
+
+    def __init__(
+        self,
+        table_name: str,
+        column_name: str,
+        *,
+        new_table_name: str | None = None,
+        new_column_name: str | None = None,
+        schema: str | None = None,
+    ) -> None:
+        super().__init__(table_name, column_name, schema=schema)
+        self.new_table_name = new_table_name or table_name
+        self.new_column_name = new_column_name or column_name
+
+    @property
+    def new_index_table(self) -> str:
+        """The renamed table as outbox jobs name it."""
+        return f"{self.schema}.{self.new_table_name}" if self.schema else self.new_table_name
+
+    @classmethod
+    def rename_semantic_index(
+        cls,
+        operations: Operations,
+        table_name: str,
+        column_name: str,
+        *,
+        new_table_name: str | None = None,
+        new_column_name: str | None = None,
+        schema: str | None = None,
+    ) -> None:
+        """Rename the table and/or column the outbox jobs of ``column_name`` name.
+
+        Call it beside ``op.rename_table`` or ``op.alter_column(..., new_column_name=...)``:
+        jobs committed before the rename name the old table or column, which no model maps
+        afterwards; they stayed pending for good and the rows' last changes never reached the
+        index. In offline (``--sql``) mode this emits the ``UPDATE``; does nothing if the
+        database has no outbox table.
+
+        Args:
+            operations: Alembic's operations object (given by ``op``).
+            table_name: The table's old name, without schema.
+            column_name: The column's old name in the database.
+            new_table_name: The table's new name (default: unchanged).
+            new_column_name: The column's new name (default: unchanged).
+            schema: The table's schema, if not the default one.
+        """
+        operations.invoke(
+            cls(
+                table_name,
+                column_name,
+                new_table_name=new_table_name,
+                new_column_name=new_column_name,
+                schema=schema,
+            )
+        )
+
+    def reverse(self) -> RenameSemanticIndexOp:
+        """The operation that undoes this one."""
+        return RenameSemanticIndexOp(
+            self.new_table_name,
+            self.new_column_name,
+            new_table_name=self.table_name,
+            new_column_name=self.column_name,
+            schema=self.schema,
+        )
+
+
 class DropSemanticIndexOp(_SemanticColumnOp):
     """``op.drop_semantic_index``: forget the pending jobs of a semantic column."""
 
@@ -261,9 +341,8 @@ def _reindex_semantic(operations: Operations, operation: ReindexSemanticOp) -> i
 
 
 def _drop_semantic_index(operations: Operations, operation: DropSemanticIndexOp) -> None:
-    if not operations.get_context().as_sql:
-        if not outbox.exists(operations.get_bind()):
-            return
+    if _without_outbox(operations):
+        return
     jobs = outbox.outbox
     operations.execute(
         sa.delete(jobs).where(
@@ -273,12 +352,32 @@ def _drop_semantic_index(operations: Operations, operation: DropSemanticIndexOp)
     )
 
 
+def _rename_semantic_index(operations: Operations, operation: RenameSemanticIndexOp) -> None:
+    if _without_outbox(operations):
+        return
+    jobs = outbox.outbox
+    operations.execute(
+        sa.update(jobs)
+        .where(
+            jobs.c.table_name == operation.index_table,
+            jobs.c.column_name == operation.column_name,
+        )
+        .values(table_name=operation.new_index_table, column_name=operation.new_column_name)
+    )
+
+
+def _without_outbox(operations: Operations) -> bool:
+    """Whether the database has no outbox (online; offline the statement is emitted)."""
+    return not operations.get_context().as_sql and not outbox.exists(operations.get_bind())
+
+
 _registered = False
 _register_lock = threading.Lock()
 
 
 def register_operations() -> None:
-    """Add ``op.create_semantic_index``, ``op.reindex_semantic`` and ``op.drop_semantic_index``.
+    """Add ``op.create_semantic_index``, ``op.reindex_semantic``, ``op.rename_semantic_index``
+    and ``op.drop_semantic_index``.
 
     Call it once in ``env.py``, before the migrations run. Calling it again does nothing.
     """
@@ -289,6 +388,7 @@ def register_operations() -> None:
         for op_cls, name, impl in (
             (CreateSemanticIndexOp, "create_semantic_index", _create_semantic_index),
             (ReindexSemanticOp, "reindex_semantic", _reindex_semantic),
+            (RenameSemanticIndexOp, "rename_semantic_index", _rename_semantic_index),
             (DropSemanticIndexOp, "drop_semantic_index", _drop_semantic_index),
         ):
             Operations.register_operation(name)(op_cls)

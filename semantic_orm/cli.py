@@ -169,7 +169,8 @@ def _unmapped(index: SemanticIndex, engine: Engine) -> int:
         print(
             f"semantic-orm: {n} jobs name {table}.{column}, which no loaded model maps: import "
             "the module that defines it in the index's module (or pass models= to "
-            "SemanticIndex)",
+            "SemanticIndex); a column renamed or dropped since: op.rename_semantic_index or "
+            "op.drop_semantic_index in its migration",
             file=sys.stderr,
         )
     return sum(found.values())

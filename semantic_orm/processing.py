@@ -904,7 +904,9 @@ class _Pass:
             self.report.unknown = unknown
             error = ConfigurationError(
                 f"no mapped SemanticText column for {unknown[0].table}.{unknown[0].column}: "
-                "import the models (or pass models= to SemanticIndex) in the process that syncs"
+                "import the models (or pass models= to SemanticIndex) in the process that syncs; "
+                "a column renamed or dropped since: op.rename_semantic_index or "
+                "op.drop_semantic_index in its migration"
             )
             self.failed.append((unknown, error))
         return bool(self.unread)

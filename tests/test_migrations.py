@@ -35,6 +35,7 @@ from semantic_orm import (
 from semantic_orm.alembic_helpers import (
     CreateSemanticIndexOp,
     DropSemanticIndexOp,
+    RenameSemanticIndexOp,
     compare_type,
     register_operations,
     render_item,
@@ -278,7 +279,9 @@ import semantic_orm
 print("alembic" in sys.modules)
 import semantic_orm.alembic_helpers as helpers
 from alembic.operations import Operations
-names = ("create_semantic_index", "reindex_semantic", "drop_semantic_index")
+names = (
+    "create_semantic_index", "reindex_semantic", "rename_semantic_index", "drop_semantic_index"
+)
 print([hasattr(Operations, n) for n in names])
 helpers.register_operations()
 helpers.register_operations()
@@ -292,8 +295,8 @@ print([hasattr(Operations, n) and callable(getattr(op, n)) for n in names])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == [
         "False",
-        "[False, False, False]",
-        "[True, True, True]",
+        "[False, False, False, False]",
+        "[True, True, True, True]",
     ]
 
     register_operations()
@@ -311,6 +314,55 @@ def test_operations_reverse_each_other() -> None:
     assert isinstance(back, CreateSemanticIndexOp)
     assert (back.table_name, back.column_name, back.schema) == ("memo", "body", "app")
     assert drop.index_table == "app.memo"
+    rename = RenameSemanticIndexOp("memo", "body", new_column_name="text", schema="app")
+    undo = rename.reverse()
+    assert (undo.table_name, undo.column_name) == ("memo", "text")
+    assert (undo.new_table_name, undo.new_column_name, undo.schema) == ("memo", "body", "app")
+
+
+def test_rename_semantic_index_moves_the_columns_pending_jobs(
+    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder
+) -> None:
+    """Jobs committed before a migration renamed their column named the old one: no model
+    mapped it afterwards, they stayed pending for good, and the rows' last writes never
+    reached the index (with the collection's name pinned, nothing said so)."""
+    with engine.connect() as conn:
+        make_memo_table(conn)
+        ops = operations_on(conn)
+        ops.create_semantic_index("memo", "body")
+        outbox.enqueue(conn, [("memo", "title", "1"), ("other", "body", "1")])
+        conn.commit()
+        ops.alter_column("memo", "body", new_column_name="text")
+        ops.rename_semantic_index("memo", "body", new_column_name="text")
+        conn.commit()
+    moved = [("memo", "text", pk) for _, _, pk in ALL_MEMO_JOBS]
+    assert memo_jobs(engine) == sorted([*moved, ("memo", "title", "1"), ("other", "body", "1")])
+
+    class Renamed(DeclarativeBase):
+        pass
+
+    class Memo2(Renamed):
+        __tablename__ = "memo"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        title: Mapped[str] = mapped_column(sa.String(50))
+        text: Mapped[str | None] = mapped_column(SemanticText(collection="memo__body"))
+
+    with engine.begin() as conn:  # (the jobs no model maps: not this test's)
+        conn.execute(sa.delete(outbox.outbox).where(outbox.outbox.c.column_name != "text"))
+    idx = SemanticIndex(store=store, embedder=hash_embedder, mode="deferred", models=[Memo2])
+    factory = sessionmaker(engine)
+    idx.install(factory)
+    try:
+        assert idx.drain(engine, timeout=30).done == len(ANIMALS)
+        with factory() as session:
+            for animal in ANIMALS:
+                hits = semantic_search(session, Memo2, animal, limit=1, mode="keyword")
+                assert [h.obj.title for h in hits] == [animal]
+    finally:
+        idx.uninstall(factory)
+    with engine.connect() as conn:  # and back
+        operations_on(conn).rename_semantic_index("memo", "text", new_column_name="body")
+        conn.commit()
 
 
 def test_adding_semantic_column_to_populated_table_then_draining_makes_rows_searchable(

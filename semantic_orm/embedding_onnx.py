@@ -49,7 +49,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +129,27 @@ def _bert_config(path: Path, transformer: Path) -> dict[str, Any]:
     )
 
 
+def _lowercasing(tokenizer: Any) -> None:
+    """Make ``tokenizer`` lowercase what it reads, as sentence-transformers does for a model
+    whose ``sentence_bert_config.json`` says ``do_lower_case`` (BAAI's bge-*-en-v1.5): a
+    ``Lowercase`` normalizer first, unless one is there already."""
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as Normalizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # (a slow tokenizer: its own flag)
+        with contextlib.suppress(AttributeError):
+            tokenizer.do_lower_case = True
+        return
+    normalizer = backend.normalizer
+    present: list[Any] = (
+        list(cast(Any, normalizer)) if isinstance(normalizer, Normalizers) else [normalizer]
+    )
+    if any(isinstance(n, Lowercase) for n in present):
+        return
+    backend.normalizer = Normalizers([Lowercase(), *(n for n in present if n is not None)])
+
+
 def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
     """``(transformer dir, pooling config)`` of a supported local model, else ``None``."""
     try:
@@ -145,8 +166,6 @@ def _layout(path: Path) -> tuple[str, dict[str, Any]] | None:
         return None
     if _pooling_mode(pooling) is None or pooling.get("include_prompt") is False:
         return None
-    if _bert_config(path, transformer).get("do_lower_case"):
-        return None  # (sentence-transformers lowercases the texts before its tokenizer)
     return str(transformer), pooling
 
 
@@ -180,8 +199,7 @@ def _pooling_mode(pooling: dict[str, Any]) -> str | None:
 
 def supports_onnx(path: str) -> bool:
     """Whether the local model at ``path`` can run on this backend (BERT-family encoder,
-    one pooling mode, no Dense layer, no lowercasing of its own); hub names that are not local
-    paths cannot."""
+    one pooling mode, no Dense layer); hub names that are not local paths cannot."""
     return _layout(Path(path)) is not None
 
 
@@ -597,8 +615,8 @@ class OnnxModel:
         if layout is None:
             raise ConfigurationError(
                 f"backend={backend!r} needs a local sentence-transformers model made of a "
-                "BERT-family Transformer (without do_lower_case), one Pooling mode and "
-                f"optionally Normalize; {path!r} is not one (use backend='torch')"
+                f"BERT-family Transformer, one Pooling mode and optionally Normalize; {path!r} "
+                "is not one (use backend='torch')"
             )
         transformer, pooling = layout
         self.backend = backend
@@ -628,6 +646,8 @@ class OnnxModel:
             if isinstance(positions, int) and positions > 0:
                 window = min(window, positions)
         self.max_seq_length = int(window)
+        if bert_config.get("do_lower_case"):
+            _lowercasing(self.tokenizer)
         self.prompts: dict[str, str] = dict(st_config.get("prompts") or {})
         self.default_prompt_name: str | None = st_config.get("default_prompt_name")
         self._mode = str(_pooling_mode(pooling))

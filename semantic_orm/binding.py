@@ -336,6 +336,7 @@ class Bindings:
         changes = drift(recorded, spec)
         if not changes:
             self._checked[name] = (binding.fingerprint, now)
+            self._searchable.pop(name, None)  # (a later drift warns again)
             return
         self._checked.pop(name, None)
         if for_search and not {"model", "dimension"} & set(changes):
@@ -346,9 +347,10 @@ class Bindings:
         raise drift_error(binding, name, changes)
 
     def _note_filters(self, binding: ColumnBinding, recorded: Mapping[str, Any] | None) -> None:
-        pending = filter_drift(recorded, binding.spec)
-        self._untrusted[binding.target] = frozenset(pending)
-        if pending:
+        pending = frozenset(filter_drift(recorded, binding.spec))
+        known = self._untrusted.get(binding.target)
+        self._untrusted[binding.target] = pending
+        if pending and pending != known:  # (once, not at each look again)
             cls = binding.column.mapped_class
             log.warning(
                 "semantic_orm: %s declares filter_by field(s) %s that the points of %r do not "

@@ -499,8 +499,6 @@ class SemanticIndex:
                     self._outbox_ready.add(bind)
             if self.mode == "inline":
                 self._first_look(bind)
-        elif isinstance(getattr(bind, "sync_engine", None), Engine):  # an async one: known for
-            self.remember_engine(bind.sync_engine)  # engine_for(), its outbox at first use
         self._tracker.install(key)
 
     def uninstall(self, target: Any) -> None:

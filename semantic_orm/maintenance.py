@@ -80,8 +80,19 @@ class _NoBar:
 
 
 def _engine(index: SemanticIndex, bind: Any) -> Engine:
-    """``bind``'s engine, with this process's finished jobs settled: the outbox as it is."""
+    """``bind``'s engine, with this process's finished jobs settled: the outbox as it is.
+
+    Raises:
+        ConfigurationError: It is an async driver's (these functions block, and it runs only
+            awaited: SQLAlchemy's MissingGreenlet, before).
+    """
     engine = index.engine_for(bind)
+    if engine.dialect.is_async:
+        raise ConfigurationError(
+            f"{engine.url.render_as_string(hide_password=True)} is an async engine, whose "
+            "driver runs only awaited; the maintenance functions block: pass an Engine on the "
+            "same database with a blocking driver (the semantic-orm command makes one)"
+        )
     index.settle(engine)
     return engine
 

@@ -32,6 +32,7 @@ from semantic_orm import (
     ConfigurationError,
     SemanticIndex,
     asemantic_search,
+    maintenance,
     outbox,
     processing,
     semantic_search,
@@ -240,6 +241,10 @@ async def test_the_blocking_calls_given_an_async_session_or_engine_name_the_awai
             with pytest.raises(ConfigurationError, match=r"await index\.aprocess"):
                 idx.process(bind)
         assert (await idx.aprocess(aengine)).claimed == 0
+        with pytest.raises(ConfigurationError, match="async engine"):  # (no awaited version)
+            maintenance.status(idx, aengine)
+        with pytest.raises(ConfigurationError, match="async engine"):
+            maintenance.reconcile(idx, Article, aengine)
 
 
 async def _soon(check: Any, timeout: float = 10.0) -> bool:

@@ -148,9 +148,9 @@ def test_version_and_one_line_errors(app: Any, capsys: pytest.CaptureFixture[str
 
 
 def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) -> None:
-    """The README says an async URL works for ``--db`` and for an index installed on an
-    ``async_sessionmaker``: the commands (which block) failed on SQLAlchemy's MissingGreenlet,
-    or found no engine at all."""
+    """The README says an async URL works for ``--db`` (and the index's engine is an async
+    one once a transaction ran): the commands, which block, failed on SQLAlchemy's
+    MissingGreenlet."""
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
     from semantic_orm import SemanticIndex
@@ -162,6 +162,7 @@ def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) 
     factory = async_sessionmaker(create_async_engine(url))
     index.install(factory)
     try:
+        index.remember_engine(factory.kw["bind"].sync_engine)  # (as its first transaction does)
         for given in (_engine(index, None), _engine(index, url)):
             assert given.url.drivername == "sqlite" and not given.dialect.is_async
             assert given.url.database == str(tmp_path / "app.sqlite3")

@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import enum
 import itertools
+import logging
 import random
 import threading
 import warnings
@@ -488,7 +489,10 @@ def test_reconcile_catches_filter_values_changed_by_raw_sql(posts: sessionmaker[
         assert sorted(h.obj.id for h in hits) == [9, 10]
 
 
-def test_filter_by_added_later_filters_in_sql_until_reindex_all(engine: Engine, store: Any) -> None:
+def test_filter_by_added_later_filters_in_sql_until_reindex_all(
+    engine: Engine, store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from semantic_orm import binding as bindings_module
     from semantic_orm.maintenance import reindex, status
     from semantic_orm.search import _store_filter
 
@@ -531,6 +535,12 @@ def test_filter_by_added_later_filters_in_sql_until_reindex_all(engine: Engine, 
         assert sorted(h.obj.id for h in hits) == [i for i in range(30) if i % 3 == 1]
     assert second.bindings.untrusted(binding) == {"tenant"}
     assert _store_filter(binding, V2.tenant == 1, second.bindings.untrusted(binding))[0] is None
+    monkeypatch.setattr(bindings_module, "RECHECK", 0.0)  # each search looks again: it warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semantic_orm"), factory() as s:  # each time
+        for _ in range(3):
+            semantic_search(s, V2, "river", limit=3, where=V2.tenant == 1)
+    assert not [r for r in caplog.records if "do not all carry yet" in r.getMessage()]
     (state,) = status(second, engine)
     assert state.unfilled_filters == ["tenant"]
 

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import regex
 
-from .chunking import tokenizer_lock, tokenizer_spans
+from .chunking import encoding_lock, reading_copy, tokenizer_lock, tokenizer_spans
 from .embedding_onnx import PRECISIONS as EXPORT_PRECISIONS  # imports no runtime
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock, running_torch
@@ -371,6 +371,7 @@ class SentenceTransformerEmbedder:
         self._model: Any = None
         self._spans: Any = None
         self._coverage: Callable[[str], float] | None = None
+        self._reading: tuple[Any, Any] | None = None  # (the model's tokenizer, its copy)
         self._lock = RenewedLock()
 
     def __repr__(self) -> str:
@@ -562,7 +563,7 @@ class SentenceTransformerEmbedder:
                 # encode_query/encode_document (sentence-transformers >= 5) also route the
                 # texts of models with a Router module; the prompt is passed literally
                 method = getattr(model, f"encode_{task}", None) or model.encode
-                with tokenizer_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
+                with encoding_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
                     vectors = method(
                         list(texts),
                         prompt=prompt,
@@ -575,13 +576,23 @@ class SentenceTransformerEmbedder:
             raise EmbeddingError(f"model {self._name!r} failed to encode: {exc}") from exc
         return np.asarray(vectors, dtype=np.float32)
 
+    def _reader(self) -> Any:
+        """The copy of the model's tokenizer this embedder's reading calls use (counts, spans,
+        coverage; :func:`~semantic_orm.chunking.reading_copy`), made once."""
+        tokenizer = self.model.tokenizer
+        if self._reading is None or self._reading[0] is not tokenizer:
+            with self._lock:
+                if self._reading is None or self._reading[0] is not tokenizer:
+                    self._reading = (tokenizer, reading_copy(tokenizer))
+        return self._reading[1]
+
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character ``(start, end)`` of each token of ``text``, special tokens excluded.
 
         Used to split chunks that overflow the model's window at exact token boundaries.
         """
         if self._spans is None:
-            self._spans = tokenizer_spans(self.model.tokenizer)
+            self._spans = tokenizer_spans(self._reader())
         spans: list[tuple[int, int]] = self._spans(text)
         return spans
 
@@ -589,7 +600,7 @@ class SentenceTransformerEmbedder:
         """Tokens the model adds to every chunk: ``[CLS]`` and ``[SEP]`` for BERT models,
         plus the document prompt's."""
         prompt = self.prompts()[1]
-        tokenizer = self.model.tokenizer
+        tokenizer = self._reader()
         with tokenizer_lock(tokenizer):
             return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
@@ -604,15 +615,15 @@ class SentenceTransformerEmbedder:
         Hybrid search weights the dense ranking by it (:class:`~semantic_orm.ranking.ScoreFusion`).
         """
         if self._coverage is None:
-            self._coverage = tokenizer_coverage(self.model.tokenizer)
+            self._coverage = tokenizer_coverage(self._reader())
         return self._coverage(text)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Tokens each chunk takes, special tokens and document prompt included, without
         truncation."""
-        tokenizer = getattr(self.model, "tokenizer", None)
-        if tokenizer is None or not texts:
+        if getattr(self.model, "tokenizer", None) is None or not texts:
             return None
+        tokenizer = self._reader()
         prompt = self.prompts()[1]
         items = [f"{prompt}{t}" for t in texts]
         with tokenizer_lock(tokenizer):

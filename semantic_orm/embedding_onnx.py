@@ -54,7 +54,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from .chunking import tokenizer_lock
+from .chunking import encoding_lock
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock
 
@@ -684,7 +684,7 @@ class OnnxModel:
         return out
 
     def _batch(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        with tokenizer_lock(self.tokenizer):  # (the model itself runs batches side by side)
+        with encoding_lock(self.tokenizer):  # (the model itself runs batches side by side)
             enc = self.tokenizer(
                 texts,
                 padding=True,

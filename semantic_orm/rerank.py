@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .chunking import tokenizer_lock
+from .chunking import encoding_lock
 from .exc import ConfigurationError, EmbeddingError, MissingDependencyError
 from .forking import RenewedLock, running_torch
 
@@ -155,7 +155,7 @@ class CrossEncoderReranker:
             return []
         model = self.model
         try:
-            with tokenizer_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
+            with encoding_lock(getattr(model, "tokenizer", None)):  # (it tokenizes inside)
                 raw = model.predict(
                     [(query, p) for p in passages],
                     batch_size=self.batch_size,

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from semantic_orm import EmbeddingError, outbox, processing
 from semantic_orm.applying import text_hash
-from semantic_orm.chunking import tokenizer_lock
+from semantic_orm.chunking import fit, tokenizer_lock
 from semantic_orm.mapping import row_key, semantic_columns
 from semantic_orm.stores.base import PointPayload
 from semantic_orm.testing import HashEmbedder
@@ -272,7 +272,8 @@ def settle_fails_once(monkeypatch: Any) -> list[int]:
 
 def tokenizer_held_in(monkeypatch: Any, model: Any, method: str) -> list[bool]:
     """Record, at each call of ``model.method``, whether the calling thread holds the lock of
-    ``model.tokenizer``."""
+    ``model.tokenizer`` (the locks taken as with transformers 4, which needs them)."""
+    monkeypatch.setattr(fit, "_borrows", True)
     lock = tokenizer_lock(model.tokenizer)
     held: list[bool] = []
     original = getattr(model, method)

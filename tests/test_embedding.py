@@ -7,6 +7,7 @@ backends of :class:`SentenceTransformerEmbedder` are checked on the real default
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -39,7 +40,9 @@ from semantic_orm import (
     VectorStore,
 )
 from semantic_orm.binding import drift
+from semantic_orm.chunking import encoding_lock, fit
 from semantic_orm.embedding import embedder_settings, encode_queries
+from semantic_orm.forking import RenewedLock
 from semantic_orm.stores.base import CollectionSpec
 from semantic_orm.testing import HashEmbedder
 
@@ -871,38 +874,55 @@ def test_cuda_commits_sync_and_search_end_to_end(engine: Engine, store: VectorSt
     idx.uninstall(factory)
 
 
-class _OneCallAtATime:
-    """A tokenizer that fails a call made while another thread's call runs (as transformers 4
-    did, ``Already borrowed``; transformers 5's changed the running call's padding and
-    truncation settings instead: another vector, another token count)."""
+_SETTINGS = ("padding", "truncation", "max_length")
 
-    def __init__(self, inner: Any) -> None:
+
+class _Watched:
+    """A tokenizer that fails a call made while another thread's call on the same object runs
+    with other padding or truncation settings (transformers 5 changed the running call's
+    settings under it: another vector, another token count), or with any settings where
+    ``strict`` (transformers 4: ``Already borrowed``). Its copies (``copy.deepcopy``) are
+    watched apart, all counted in ``calls`` by object."""
+
+    def __init__(self, inner: Any, strict: bool, calls: dict[int, int] | None = None) -> None:
         self.inner = inner
-        self.busy = threading.Lock()
-        self.calls = 0
+        self.strict = strict
+        self.calls = {} if calls is None else calls
+        self.guard = threading.Lock()
+        self.running: list[tuple[Any, ...]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.busy.acquire(blocking=False):
-            raise RuntimeError("Already borrowed")
+        mine = tuple(kwargs.get(k) for k in _SETTINGS)
+        with self.guard:
+            if self.running and (self.strict or any(s != mine for s in self.running)):
+                raise RuntimeError("Already borrowed" if self.strict else "settings changed")
+            self.running.append(mine)
+            self.calls[id(self)] = self.calls.get(id(self), 0) + 1
         try:
-            self.calls += 1
             time.sleep(0.002)  # the window another thread would have to come in
             return self.inner(*args, **kwargs)
         finally:
-            self.busy.release()
+            with self.guard:
+                self.running.remove(mine)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Watched:
+        return _Watched(copy.deepcopy(self.inner, memo), self.strict, self.calls)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
 @pytest.mark.slow
-def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(
-    onnx_cache: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("transformers", [5, 4])
+def test_threads_sharing_a_model_never_change_each_others_tokenizer_settings(
+    onnx_cache: Path, monkeypatch: pytest.MonkeyPatch, transformers: int
 ) -> None:
     """A search embeds its query while a sync embeds chunks, counts their tokens and splits the
-    long ones, with one model: the library's calls of the tokenizer take turns."""
+    long ones, with one model: the counts, spans and coverage read a copy of the tokenizer,
+    and with transformers 4 (which refuses any second call meanwhile) every call takes turns."""
+    monkeypatch.setattr(fit, "_borrows", transformers < 5)
     embedder = SentenceTransformerEmbedder(backend="onnx", cache_dir=onnx_cache)
-    tokenizer = _OneCallAtATime(embedder.model.tokenizer)
+    tokenizer = _Watched(embedder.model.tokenizer, strict=transformers < 5)
     embedder.model.tokenizer = tokenizer
     work = [
         lambda: embedder.encode_query(TEXTS[:1]),
@@ -916,16 +936,21 @@ def test_threads_sharing_a_model_never_use_its_tokenizer_at_once(
         done = [pool.submit(work[i % len(work)]) for i in range(60)]
         for future in done:
             future.result()  # raises what a call raised
-    assert tokenizer.calls >= 60
+    assert len(tokenizer.calls) == 2  # the model's, for encoding; its copy, for reading
+    assert tokenizer.calls[id(tokenizer)] >= 20 and sum(tokenizer.calls.values()) >= 60
 
 
 @pytest.mark.slow
 def test_sentence_transformers_encodes_holding_the_tokenizers_lock(
     torch_minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the torch backend sentence-transformers tokenizes inside ``encode``: the library's
-    other calls of that tokenizer wait for it."""
+    """On the torch backend sentence-transformers tokenizes inside ``encode``: with
+    transformers 4, which refuses a second call meanwhile, the library's other encoding calls
+    of that tokenizer wait for it (with transformers 5 nothing is held: every encoding call of
+    one model tokenizes with the same settings)."""
     model = torch_minilm.model
+    monkeypatch.setattr(fit, "_borrows", False)
+    assert not isinstance(encoding_lock(model.tokenizer), RenewedLock)
     held = tokenizer_held_in(monkeypatch, model, "encode")
     torch_minilm.encode(TEXTS[:2])
     torch_minilm.encode_query(TEXTS[:1])

@@ -349,9 +349,8 @@ def test_cross_encoder_adapter_scores_each_passage_lazily(
 def test_a_cross_encoder_scores_holding_its_tokenizers_lock(
     cross_encoder: CrossEncoderReranker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It tokenizes inside ``predict``: a second thread calling that tokenizer meanwhile would
-    change its settings (transformers 5) or fail (``Already borrowed``, transformers 4), so the
-    library's calls take turns."""
+    """It tokenizes inside ``predict``: with transformers 4 a second thread calling that
+    tokenizer meanwhile failed (``Already borrowed``), so the library's calls take turns."""
     held = tokenizer_held_in(monkeypatch, cross_encoder.model, "predict")
     assert len(cross_encoder.score(QUERY, [DOCS[1], DOCS[2]])) == 2
     assert held == [True]

@@ -77,7 +77,14 @@ re-exported here.
 from __future__ import annotations
 
 from ._core import Chunk, Chunker, ChunkerFactory
-from .fit import TokenSpans, fit_to_window, tokenizer_lock, tokenizer_spans
+from .fit import (
+    TokenSpans,
+    encoding_lock,
+    fit_to_window,
+    reading_copy,
+    tokenizer_lock,
+    tokenizer_spans,
+)
 from .hybrid import DEFAULT_HEADING_PATTERN, HeadingRule, HybridChunker
 from .recursive import RecursiveChunker
 from .registry import available_chunkers, get_chunker, register_chunker
@@ -110,8 +117,10 @@ __all__ = [
     "TaggingChunker",
     "TokenSpans",
     "available_chunkers",
+    "encoding_lock",
     "fit_to_window",
     "get_chunker",
+    "reading_copy",
     "register_chunker",
     "sentence_spans",
     "structure",

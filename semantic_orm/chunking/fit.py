@@ -60,16 +60,18 @@ metadata; the result is renumbered (``index``/``total_chunks``) as one list, kep
 order. Only a single grapheme cluster that alone exceeds ``max_tokens`` tokens is cut inside
 (at a token boundary), the same exception the chunkers make for ``chunk_size``.
 
-:func:`tokenizer_spans` adapts a Hugging Face tokenizer to it; :func:`tokenizer_lock` is what
-every call the library makes into such a tokenizer holds (a tokenizer keeps its padding and
-truncation settings on one object: another thread's call meanwhile changes them).
+:func:`tokenizer_spans` adapts a Hugging Face tokenizer to it; :func:`tokenizer_lock`,
+:func:`encoding_lock` and :func:`reading_copy` keep threads sharing a model from changing each
+other's tokenizer settings (a tokenizer keeps its padding and truncation on one object).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 from typing import Any
 
 from ..forking import RenewedLock
@@ -83,7 +85,14 @@ from ._core import (
 )
 from .recursive import RecursiveChunker
 
-__all__ = ["TokenSpans", "fit_to_window", "tokenizer_lock", "tokenizer_spans"]
+__all__ = [
+    "TokenSpans",
+    "encoding_lock",
+    "fit_to_window",
+    "reading_copy",
+    "tokenizer_lock",
+    "tokenizer_spans",
+]
 
 #: Returns the ``(start, end)`` character offsets of each token of a string.
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
@@ -97,16 +106,36 @@ _unkeyed = RenewedLock(reentrant=True)
 _finding = RenewedLock()
 
 
+_borrows: bool | None = None
+"""Whether the installed transformers refuses a second call meanwhile (``None``: not looked up
+yet)."""
+_uncopied: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Tokenizers :func:`reading_copy` could not copy: their encoding calls are locked too."""
+
+
+def _borrowing() -> bool:
+    """Whether a tokenizer of the installed transformers fails a call made while another
+    thread's runs (before transformers 5; assumed when the version is unknown)."""
+    global _borrows
+    if _borrows is None:
+        try:
+            _borrows = int(metadata.version("transformers").split(".")[0]) < 5
+        except (metadata.PackageNotFoundError, ValueError):
+            _borrows = True
+    return _borrows
+
+
 def tokenizer_lock(tokenizer: Any) -> contextlib.AbstractContextManager[Any]:
     """What this library holds while it calls ``tokenizer``: a lock per tokenizer object.
 
     A Hugging Face fast tokenizer called with padding or truncation settings first sets them on
-    its one Rust object, then tokenizes: a second thread calling it meanwhile (a search
-    embedding its query while a sync embeds chunks, or counts their tokens, with the same
-    model) changed the first one's settings under it. With transformers 5 a chunk was embedded
-    untruncated (another vector), counted at the 256 tokens another call truncated it to (an
-    over-long chunk not split), or failed; transformers 4 refuses the second call
-    (``RuntimeError: Already borrowed``).
+    its one Rust object, then tokenizes: a second thread calling it meanwhile with other
+    settings changed the first one's under it (transformers 5: a chunk embedded untruncated,
+    another vector; a count cut at the 256 tokens another call truncated to), and transformers
+    4 refuses a second call outright (``RuntimeError: Already borrowed``). The library's own
+    reading calls (counts, token spans, coverage) go to a copy of the model's tokenizer
+    (:func:`reading_copy`), under this lock; encoding calls, which all use one model's
+    settings, take it only where they must (:func:`encoding_lock`).
     """
     with _finding:
         try:
@@ -116,6 +145,29 @@ def tokenizer_lock(tokenizer: Any) -> contextlib.AbstractContextManager[Any]:
         except TypeError:  # unhashable, or no weak reference
             lock = _unkeyed
     return lock
+
+
+def encoding_lock(tokenizer: Any) -> contextlib.AbstractContextManager[Any]:
+    """What an encoding call holds on ``tokenizer`` (a model's, which tokenizes every batch with
+    the same padding and truncation): :func:`tokenizer_lock` where the installed transformers
+    refuses concurrent calls (4), or where :func:`reading_copy` could not copy it (the reading
+    calls use it too); else nothing: a search's query is embedded beside a sync's batch."""
+    if _borrowing() or tokenizer in _uncopied:
+        return tokenizer_lock(tokenizer)
+    return contextlib.nullcontext()
+
+
+def reading_copy(tokenizer: Any) -> Any:
+    """A copy of a model's ``tokenizer`` for the library's reading calls (token counts, spans,
+    coverage: other settings than encoding's), so that they never change an encoding call's
+    settings; ``tokenizer`` itself where it cannot be copied (its encoding calls are locked
+    then, see :func:`encoding_lock`)."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:
+        with contextlib.suppress(TypeError):  # (not weakly referable: _unkeyed, locked anyway)
+            _uncopied.add(tokenizer)
+        return tokenizer
 
 
 def tokenizer_spans(tokenizer: Any) -> Callable[[str], list[tuple[int, int]]]:

@@ -1128,6 +1128,17 @@ _BURY = _forms(
 )
 
 
+_RENAME = update(outbox).where(outbox.c.id == bindparam("job")).values(row_pk=bindparam("key"))
+
+
+def rename_keys(conn: Connection, jobs: Sequence[Job]) -> None:
+    """Store each of ``jobs``' key (``row_pk``) as the job holds it: a key written otherwise
+    (a migration's, from a reflected table) named as the model writes it, so that the other
+    jobs of its row see it."""
+    if jobs:
+        conn.execute(_RENAME, [{"job": job.id, "key": job.key.pk} for job in jobs])
+
+
 def requeue_dead(
     conn: Connection, table: str | None = None, column: str | None = None, pk: str | None = None
 ) -> int:

@@ -842,7 +842,9 @@ class _Pass:
         this pass's engine raises in the claim's transaction, which leaves them as they were."""
         p = self.processor
         self.until = time.monotonic() + p.policy.lease  # (before the claim: counts from now)
-        claimed = outbox.claim(conn, token=p.token, lease=p.policy.lease, limit=limit, ids=ids)
+        claimed = self._canonical(
+            conn, outbox.claim(conn, token=p.token, lease=p.policy.lease, limit=limit, ids=ids)
+        )
         for table, column in dict.fromkeys((job.key.table, job.key.column) for job in claimed):
             binding = p.resolve(table, column)
             if binding is not None:
@@ -876,7 +878,6 @@ class _Pass:
         self.grouped = True
         known = written or {}
         self.report.claimed = len(self.jobs)
-        self.jobs = self._canonical(self.jobs)
         for job in self.jobs:
             self.by_key.setdefault(job.key, []).append(job)
         groups: dict[tuple[str, str], list[str]] = {}
@@ -911,10 +912,11 @@ class _Pass:
             self.failed.append((unknown, error))
         return bool(self.unread)
 
-    def _canonical(self, jobs: list[Job]) -> list[Job]:
+    def _canonical(self, conn: Connection, jobs: list[Job]) -> list[Job]:
         """``jobs``, each named by its row's key as the model writes it
-        (:func:`~semantic_orm.mapping.canonical_key`): a job a migration queued from the
-        reflected table may name it otherwise, and its row was read as missing."""
+        (:func:`~semantic_orm.mapping.canonical_key`), stored so in the claim's transaction: a
+        job a migration queued from the reflected table may name it otherwise (its row was read
+        as missing; a commit's job for the row did not see it)."""
         mappers: dict[tuple[str, str], Mapper[Any] | None] = {}  # (None: keys kept as they are)
         out = []
         for job in jobs:
@@ -927,6 +929,9 @@ class _Pass:
             mapper = mappers[where]
             canon = pk if mapper is None else canonical_key(mapper, pk)
             out.append(job if canon == pk else replace(job, key=JobKey(table, column, canon)))
+        outbox.rename_keys(
+            conn, [job for job, was in zip(out, jobs, strict=True) if job is not was]
+        )
         return out
 
     def read(self, conn: Connection) -> None:

@@ -40,6 +40,7 @@ from semantic_orm.alembic_helpers import (
     register_operations,
     render_item,
 )
+from semantic_orm.applying import Applier, ApplyReport
 from semantic_orm.mapping import row_key, semantic_columns
 from semantic_orm.stores import VectorStore
 from semantic_orm.testing import HashEmbedder
@@ -519,8 +520,14 @@ class Ticket(PassageBase):
     body: Mapped[str | None] = mapped_column(SemanticText())
 
 
+def _all_failed(ops: Any, error: BaseException) -> ApplyReport:
+    report = ApplyReport()
+    report.failed.append((list(ops), error))
+    return report
+
+
 def test_rows_a_migration_queued_by_a_key_the_mapper_writes_otherwise_are_synced(
-    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder
+    engine: Engine, store: VectorStore, hash_embedder: HashEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The jobs of a ``Uuid`` key reflected as hex digits (SQLite) named their rows in a way
     the worker's reading of them did not: each row was read as gone, its job settled, the row
@@ -535,12 +542,21 @@ def test_rows_a_migration_queued_by_a_key_the_mapper_writes_otherwise_are_synced
         )
         assert operations_on(conn).create_semantic_index("ticket", "body") == 3
         conn.commit()
-    idx = SemanticIndex(store=store, embedder=hash_embedder, mode="deferred", models=[Ticket])
+    idx = SemanticIndex(
+        store=store, embedder=hash_embedder, mode="deferred", models=[Ticket], retry_base=0.05
+    )
     factory = sessionmaker(engine)
     idx.install(factory)
+    keys = {row_key((u,)) for u in ids}
     try:
+        with monkeypatch.context() as failing:  # a pass whose sync fails: its jobs stay queued,
+            # stored by the key the model writes (a commit's job for the row sees them)
+            failing.setattr(
+                Applier, "apply", lambda self, ops, inline=False: _all_failed(ops, OSError("down"))
+            )
+            assert idx.process(engine).retried == 3
+        assert {pk for _, _, pk in memo_jobs(engine)} == keys
         assert idx.drain(engine, timeout=30).done == 3
-        keys = {row_key((u,)) for u in ids}
         assert {p.payload["pk"] for p in store.points("ticket__body")} == keys
         with factory() as session:
             hits = semantic_search(session, Ticket, "printer jam", limit=5, mode="keyword")

@@ -104,8 +104,6 @@ _tokenizer_locks: weakref.WeakKeyDictionary[Any, RenewedLock] = weakref.WeakKeyD
 _unkeyed = RenewedLock(reentrant=True)
 """The lock of a tokenizer that cannot be a weak key (one lock for all of those)."""
 _finding = RenewedLock()
-
-
 _borrows: bool | None = None
 """Whether the installed transformers refuses a second call meanwhile (``None``: not looked up
 yet)."""

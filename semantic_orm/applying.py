@@ -236,6 +236,28 @@ class Outage:
                 self.since = self.error = None
 
 
+def _as_read(
+    token_spans: Callable[[str], Sequence[tuple[int, int]]], normalize: Callable[[str], str]
+) -> Callable[[str], list[tuple[int, int]]]:
+    """``token_spans`` counting the tokens of a piece as the model reads it (``normalize``d),
+    at positions in the piece itself: NFKC makes "……" six tokens of two and "ﷺ" four words of
+    one, so a piece fitted on its own tokens overflowed the window and the model cut its end
+    off, unseen. Where the piece reads as more tokens, its own positions are spread over that
+    many (a cut falls earlier; fitting measures each piece again until it fits)."""
+
+    def spans(piece: str) -> list[tuple[int, int]]:
+        own = list(token_spans(piece))
+        read = normalize(piece)
+        if read == piece or not own:
+            return own
+        n = len(token_spans(read))
+        if n <= len(own):
+            return own
+        return [own[i * len(own) // n] for i in range(n)]
+
+    return spans
+
+
 class Applier:
     """Applies :class:`SyncOp` batches to a store (see the module docstring).
 
@@ -343,7 +365,10 @@ class Applier:
         window = embedder.max_seq_length
         if chunks and window and isinstance(embedder, TokenAwareEmbedder):
             budget = window - embedder.special_token_count()
-            fitted = fit_to_window(chunks, text, embedder.token_spans, budget)
+            spans: Callable[[str], Sequence[tuple[int, int]]] = embedder.token_spans
+            if binding.normalizer.steps:
+                spans = _as_read(spans, binding.normalizer)
+            fitted = fit_to_window(chunks, text, spans, budget)
             if len(fitted) > len(chunks):
                 self._warn_split(binding, chunks, budget, len(fitted) - len(chunks))
             chunks = fitted

@@ -12,7 +12,9 @@ import pytest
 import regex
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from semantic_orm import ChunkTooLongWarning, SemanticIndex, SemanticText
 from semantic_orm.chunking import (
     Chunk,
     HybridChunker,
@@ -21,6 +23,8 @@ from semantic_orm.chunking import (
     fit_to_window,
     tokenizer_spans,
 )
+from semantic_orm.mapping import semantic_columns
+from semantic_orm.testing import HashEmbedder, MemoryStore
 from tests.test_chunking import _PROPERTY_SETTINGS, mixed_text
 
 DATA = Path(__file__).parent / "data"
@@ -181,3 +185,35 @@ def test_fit_with_minilm(
         assert max(len(minilm_spans(c.text)) for c in fitted) <= max_tokens
         if lang in ("fr", "zh") or max_tokens == 60:
             assert len(fitted) > len(chunks)  # the second split really happened
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["\ufdfa", "\u2026\u2026", "\u337b\u337c", "\u00bd"],
+    ids=["ligature", "ellipsis", "era", "half"],
+)
+def test_pieces_fit_the_window_as_the_model_reads_them(unit: str) -> None:
+    """A column's text is embedded normalised (NFKC: "ﷺ" is four words, "……" six dots):
+    fitted on its own tokens, a piece read as more than the window and the model cut its end
+    off, unseen (no warning: the embedder reports its tokens)."""
+
+    class Local(DeclarativeBase):
+        pass
+
+    class Said(Local):
+        __tablename__ = "said"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        body: Mapped[str] = mapped_column(SemanticText(chunk_size=400, overlap=0))
+
+    embedder = HashEmbedder(max_seq_length=10)
+    index = SemanticIndex(store=MemoryStore(), embedder=embedder, models=[Said])
+    binding = index.binding_for(semantic_columns(Said.__mapper__)[0])
+    text = " ".join(f"word{i} {unit}" for i in range(40))
+    with pytest.warns(ChunkTooLongWarning):  # (the chunk size: 400 characters)
+        chunks = index.processor.applier._chunks(binding, text)
+    assert len(chunks) > 1
+    for c in chunks:
+        assert text[c.start_offset : c.end_offset] == c.text
+        assert len(embedder.token_spans(binding.normalizer(c.text))) <= 10, c.text
+    covered = "".join(text[c.start_offset : c.end_offset] for c in chunks)
+    assert covered.replace(" ", "") == text.replace(" ", "")  # every piece of it, once

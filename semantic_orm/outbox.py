@@ -377,7 +377,7 @@ _WITH_JOBS = _forms(
     )
 )
 _SUPERSEDED = _forms(
-    lambda f: select(outbox.c.id, outbox.c.row_pk).where(
+    lambda f: select(outbox.c.id, outbox.c.row_pk, outbox.c.claimed_by, outbox.c.dead).where(
         *_of_rows_where(f),
         outbox.c.dead.is_(True)
         | outbox.c.claimed_by.is_(None)
@@ -953,9 +953,20 @@ _LEASE = _forms(
 _LEASE_FREE = _forms(_lease_free)
 
 
-def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[JobKey]:
+def settle_done(
+    conn: Connection, jobs: Sequence[Job], *, token: str, watch: float = 0.0
+) -> list[JobKey]:
     """Delete finished jobs still leased to ``token``, and the older (or dead) jobs of their
     rows that they supersede.
+
+    Args:
+        conn: The connection, in the transaction that settles.
+        jobs: The finished jobs.
+        token: This processor's token.
+        watch: Seconds after which a row is synced once more where a superseded job was
+            leased (its lease ran out): the processor holding it may still write its older
+            read of the row, and its own settle, which would queue the row again, never runs
+            if it dies first (``0``: no such job).
 
     Returns:
         The keys of jobs whose lease was lost (expired and claimed by another processor, or
@@ -972,10 +983,14 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
         latest[job.key] = max(job.id, latest.get(job.key, job.id))
     rows = dict.fromkeys(job.key for job in jobs if not job.alone)  # alone: supersedes none
     older: list[int] = []
+    watched: dict[JobKey, None] = {}
     claimed = set(ids)
-    for table, column, (i, pk) in _of_rows(conn, _SUPERSEDED, rows, now):
-        if int(i) < latest[JobKey(table, column, str(pk))] and int(i) not in claimed:
+    for table, column, (i, pk, holder, dead) in _of_rows(conn, _SUPERSEDED, rows, now):
+        key = JobKey(table, column, str(pk))
+        if int(i) < latest[key] and int(i) not in claimed:
             older.append(int(i))
+            if holder is not None and not dead and watch > 0:
+                watched[key] = None
     form = _list_form(conn)
     for part in _parts(older, form):
         conn.execute(_DELETE[form], {"ids": _list_param(part, form)})
@@ -983,6 +998,8 @@ def settle_done(conn: Connection, jobs: Sequence[Job], *, token: str) -> list[Jo
     for part in _parts(ids, form):
         params = {"ids": _list_param(part, form), "token": token}
         gone.update(int(i) for i in conn.execute(_DELETE_MINE[form], params).scalars())
+    if watched:
+        enqueue(conn, list(watched), hold=watch, returning=False)
     return sorted({job.key for job in jobs if job.id not in gone})
 
 

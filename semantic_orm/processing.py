@@ -609,7 +609,8 @@ class DeferredSettle:
         if not jobs:
             return [], []
         try:
-            lost = outbox.settle_done(conn, jobs, token=self.processor.token)
+            p = self.processor
+            lost = outbox.settle_done(conn, jobs, token=p.token, watch=p.policy.lease)
         except Exception:  # the timer settles them in a transaction of its own
             log.debug("semantic_orm: settling finished jobs in a commit failed", exc_info=True)
             self.give_back(engine, jobs)
@@ -632,7 +633,9 @@ class DeferredSettle:
                 continue
             try:
                 with self.processor.writing(each) as conn:
-                    lost = _settle_done(conn, jobs, self.processor.token)
+                    lost = _settle_done(
+                        conn, jobs, self.processor.token, self.processor.policy.lease
+                    )
             except Blocked:  # a session holds the only connection: later (or at expiry)
                 self._keep(each, jobs)
                 continue
@@ -685,7 +688,9 @@ class DeferredSettle:
             return
         try:
             async with self.processor.awriting(async_engine(engine)) as conn:
-                lost = await conn.run_sync(_settle_done, jobs, self.processor.token)
+                lost = await conn.run_sync(
+                    _settle_done, jobs, self.processor.token, self.processor.policy.lease
+                )
         except Blocked:
             self._keep(engine, jobs)
             return
@@ -760,9 +765,10 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _settle_done(conn: Connection, jobs: Sequence[Job], token: str) -> list[JobKey]:
-    """Delete finished ``jobs`` and queue again the rows whose lease was lost; return those."""
-    lost = outbox.settle_done(conn, jobs, token=token)
+def _settle_done(conn: Connection, jobs: Sequence[Job], token: str, watch: float) -> list[JobKey]:
+    """Delete finished ``jobs`` and queue again the rows whose lease was lost; return those
+    (``watch``: see :func:`~semantic_orm.outbox.settle_done`)."""
+    lost = outbox.settle_done(conn, jobs, token=token, watch=watch)
     if lost:
         outbox.enqueue(conn, lost)
     return lost
@@ -953,7 +959,7 @@ class _Pass:
         p, report, by_key = self.processor, self.report, self.by_key
         failed_keys = {key for keys, _ in self.failed for key in keys}
         done = [job for key, jobs in by_key.items() if key not in failed_keys for job in jobs]
-        lost = _settle_done(conn, done, p.token)
+        lost = _settle_done(conn, done, p.token, p.policy.lease)
         report.lost = len(lost)
         report.done = len(done) - sum(len(by_key[k]) for k in lost)
         for keys, error in self.failed:

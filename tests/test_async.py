@@ -371,11 +371,11 @@ async def test_async_commits_settle_their_jobs_together(
         original = processing._settle_done
         failed: list[int] = []
 
-        def refused(conn: Any, jobs: Any, token: str) -> Any:
+        def refused(conn: Any, jobs: Any, token: str, watch: float) -> Any:
             failed.append(len(jobs))
             if len(failed) == 1:
                 raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
-            return original(conn, jobs, token)
+            return original(conn, jobs, token, watch)
 
         monkeypatch.setattr(processing, "_settle_done", refused)
         monkeypatch.setattr(processing, "SETTLE_RETRY", 0.5)  # (5 s)

@@ -303,6 +303,34 @@ def test_settling_supersedes_older_jobs_and_clears_dead_ones(tables: Engine) -> 
     del old
 
 
+def test_superseding_a_job_whose_lease_ran_out_leaves_the_row_watched(tables: Engine) -> None:
+    """A processor whose lease ran out while it embedded may still write its older read of the
+    row after a newer job was synced and settled: its own settle would find its job gone and
+    queue the row again, but if it dies first the older text stayed for good. Superseding such
+    a job leaves one for the row, due ``watch`` seconds later."""
+    with tables.begin() as conn:
+        outbox.enqueue(conn, [K1], claimed_by="slow", lease=60)
+        (done,) = outbox.enqueue(conn, [K2], claimed_by="slow", lease=60)
+        past = outbox.utcnow() - dt.timedelta(seconds=1)  # both leases ran out
+        conn.execute(outbox.outbox.update().values(next_attempt_at=past))
+        newer = outbox.enqueue(conn, [K1, K2], claimed_by="fast", lease=60)
+        conn.execute(outbox.outbox.delete().where(outbox.outbox.c.id == done.id))  # (settled)
+    with tables.begin() as conn:
+        assert outbox.settle_done(conn, newer, token="fast", watch=120) == []
+    (left,) = jobs(tables)
+    assert left["row_pk"] == K1.pk and left["claimed_by"] is None and left["attempts"] == 0
+    wait = (outbox.as_utc(left["next_attempt_at"]) - outbox.utcnow()).total_seconds()
+    assert 100 < wait <= 120
+    with tables.begin() as conn:  # without watch (the default): nothing left
+        conn.execute(outbox.outbox.delete())
+        outbox.enqueue(conn, [K1], claimed_by="slow", lease=60)
+        conn.execute(outbox.outbox.update().values(next_attempt_at=past))
+        newer = outbox.enqueue(conn, [K1], claimed_by="fast", lease=60)
+    with tables.begin() as conn:
+        assert outbox.settle_done(conn, newer, token="fast") == []
+    assert jobs(tables) == []
+
+
 def test_a_lost_lease_is_reported(tables: Engine) -> None:
     with tables.begin() as conn:
         (job,) = outbox.enqueue(conn, [K1], claimed_by="slow", lease=60)

@@ -970,7 +970,7 @@ def test_finished_jobs_hold_no_row_while_their_lease_holds_and_outlive_a_failed_
         assert idx._finished(conn) == []
     calls: list[int] = []
 
-    def broken(conn: Any, jobs: Any, token: str) -> Any:
+    def broken(conn: Any, jobs: Any, token: str, watch: float) -> Any:
         calls.append(len(jobs))
         raise sa.exc.OperationalError("DELETE", {}, Exception("the database went away"))
 

@@ -294,16 +294,16 @@ def _private(path: Path, uid: int) -> bool:
 def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | None) -> Path:
     """Where the export of the model at ``path`` with ``precision`` lives (or will).
 
-    Keyed by the model's resolved path, the size and modification time of its files, the
-    precision, the int8 layout, the onnxruntime version and the export recipe, so a retrained
-    model, another CPU family, an onnxruntime upgrade or a new way of exporting gets its own
-    export.
+    Keyed by the model's resolved path, the size, modification time and sampled content of its
+    files (:func:`_sample`), the precision, the int8 layout, the onnxruntime version and the
+    export recipe, so a retrained model, another CPU family, an onnxruntime upgrade or a new way
+    of exporting gets its own export.
     """
     import onnxruntime
 
     root = Path(path).resolve()
     files = sorted(
-        (str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime), _sample(p))
+        (str(p.relative_to(root)), *_sample(p))
         for p in root.rglob("*")
         if p.is_file() and p.suffix in {".safetensors", ".bin", ".json", ".txt"}
     )
@@ -314,16 +314,18 @@ def export_dir(path: str, precision: str, cache_dir: str | os.PathLike[str] | No
     return base / "onnx" / f"{root.name}-{precision}-{digest}"
 
 
-def _sample(path: Path, block: int = 1 << 16) -> str:
-    """A digest of ``path``'s first, middle and last ``block`` bytes: weights retrained in place
-    keep their files' sizes, and a build that fixes timestamps their modification times."""
+def _sample(path: Path, block: int = 1 << 16) -> tuple[int, int, str]:
+    """``path``'s size, modification time (whole seconds) and a digest of its first, middle and
+    last ``block`` bytes: weights retrained in place keep their files' sizes, and a build that
+    fixes timestamps their modification times."""
     digest = hashlib.blake2b(digest_size=8)
-    size = path.stat().st_size
+    info = path.stat()
+    size = info.st_size
     with path.open("rb") as f:
         for start in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
             f.seek(start)
             digest.update(f.read(block))
-    return digest.hexdigest()
+    return size, int(info.st_mtime), digest.hexdigest()
 
 
 def _sweep(final: Path, age: float = 3600.0) -> None:

@@ -161,6 +161,21 @@ def is_async_session(session: Any) -> bool:
     return found is not None and isinstance(session, (found[0], found[2]))
 
 
+def blocking_engine(engine: Engine, call: str, instead: str) -> Engine:
+    """``engine``, for a blocking ``call``; an async driver's is refused, ``instead`` saying
+    what to do (it runs only awaited: SQLAlchemy raised MissingGreenlet).
+
+    Raises:
+        ConfigurationError: ``engine`` is an async driver's.
+    """
+    if engine.dialect.is_async:
+        raise ConfigurationError(
+            f"{call} blocks; {engine.url.render_as_string(hide_password=True)} is an async "
+            f"engine, whose driver runs only awaited: {instead}"
+        )
+    return engine
+
+
 def _listen_target(target: Any) -> Any:
     """What listeners attach to: a sessionmaker's private class, or the Session itself."""
     if isinstance(target, scoped_session):
@@ -947,15 +962,11 @@ class SemanticIndex:
         return self.processor.process(engine, limit=limit)
 
     def _sync_engine(self, bind: Any, name: str, awaited: str) -> Engine:
-        """:meth:`engine_for` for a blocking call (``name``), refusing an async engine, whose
-        driver only runs awaited (``awaited``: the method to await instead)."""
-        engine = self.engine_for(bind)
-        if engine.dialect.is_async:
-            raise ConfigurationError(
-                f"{name}() blocks; {engine.url.render_as_string(hide_password=True)} is an async "
-                f"engine, whose driver runs only awaited: use await index.{awaited}(...)"
-            )
-        return engine
+        """:meth:`engine_for` for a blocking call (``name``), refusing an async engine
+        (:func:`blocking_engine`; ``awaited``: the method to await instead)."""
+        return blocking_engine(
+            self.engine_for(bind), f"{name}()", f"use await index.{awaited}(...)"
+        )
 
     def _ready(self, engine: Engine) -> None:
         """Make sure a worker's database has the outbox (once per engine)."""

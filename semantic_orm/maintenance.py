@@ -39,7 +39,7 @@ from .applying import SyncOp, text_hash
 from .binding import ColumnBinding, drift
 from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
 from .filtering import describe, row_fields
-from .index import SemanticIndex
+from .index import SemanticIndex, blocking_engine
 from .mapping import SemanticColumn, key_values, row_key, rows_page, semantic_columns
 from .outbox import JobKey
 from .processing import read_values
@@ -86,13 +86,12 @@ def _engine(index: SemanticIndex, bind: Any) -> Engine:
         ConfigurationError: It is an async driver's (these functions block, and it runs only
             awaited: SQLAlchemy's MissingGreenlet, before).
     """
-    engine = index.engine_for(bind)
-    if engine.dialect.is_async:
-        raise ConfigurationError(
-            f"{engine.url.render_as_string(hide_password=True)} is an async engine, whose "
-            "driver runs only awaited; the maintenance functions block: pass an Engine on the "
-            "same database with a blocking driver (the semantic-orm command makes one)"
-        )
+    engine = blocking_engine(
+        index.engine_for(bind),
+        "semantic_orm.maintenance",
+        "pass an Engine on the same database with a blocking driver (the semantic-orm command "
+        "makes one)",
+    )
     index.settle(engine)
     return engine
 

@@ -203,9 +203,8 @@ def canonical_key(mapper: Mapper[Any], key: str) -> str:
     """``key`` as :func:`row_key` writes it for ``mapper``'s row: a key written from values
     read without the mapper's types (a migration reflects a ``Uuid`` key of SQLite as its
     32 hex digits) is read with them and written again; ``key`` itself when it is that
-    already, or cannot be read."""
-    if not rewrites_keys(mapper):
-        return key
+    already, or cannot be read. Only the keys of a mapper :func:`rewrites_keys` says of need
+    it."""
     try:
         return row_key(key_values(mapper, key))
     except (TypeError, ValueError):

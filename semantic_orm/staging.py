@@ -945,10 +945,10 @@ def _plan(
     if isinstance(stmt, Insert):
         return _plan_insert(conn, stmt, rows, table, semantic, pk_cols)
     values = _statement_values(stmt)
-    derived = any(_derived(c) for c in semantic) or any(
-        _derived(c) for c in table.columns if c.key in filters
-    )
-    if isinstance(stmt, Update) and not derived:
+    if isinstance(stmt, Update) and not (
+        any(_derived(c) for c in semantic)
+        or any(_derived(c) for c in table.columns if c.key in filters)
+    ):
         changed = set(values) | {k for r in rows for k in r}
         relevant = {c.key for c in semantic} | {c.key for c in pk_cols} | filters
         if not changed & relevant:

@@ -39,7 +39,14 @@ from .normalizing import DEFAULT_NORMALIZE, Normalizer
 from .stores.base import CollectionSpec, PayloadIndex, PointPayload, Store
 from .version import __version__
 
-__all__ = ["Bindings", "ColumnBinding", "drift", "filter_drift", "fingerprint"]
+__all__ = [
+    "Bindings",
+    "ColumnBinding",
+    "drift",
+    "filter_drift",
+    "fingerprint",
+    "keywords_drift",
+]
 
 log = logging.getLogger("semantic_orm")
 
@@ -152,11 +159,12 @@ class ColumnBinding:
 def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str, tuple[Any, Any]]:
     """What differs between a collection's recorded metadata and what ``spec`` would record.
 
-    Compares the model, the dimension, the text normalisation, the keyword analyser, each
-    chunker setting and each embedder setting (``embedder.<key>``: prompts, backend...); the
-    library version, the fusion rule (query time only) and the filter fields
-    (:func:`filter_drift`: payload only, no vector changes) are not differences. Settings a
-    collection did not record (older servers or versions) are not compared.
+    Compares the model, the dimension, the text normalisation, each chunker setting and each
+    embedder setting (``embedder.<key>``: prompts, backend...); the library version, the fusion
+    rule (query time only), the filter fields (:func:`filter_drift`: payload only) and the
+    keyword analyser (:func:`keywords_drift`: keyword vectors only, rewritten without
+    embedding) are not differences. Settings a collection did not record (older servers or
+    versions) are not compared.
 
     Returns:
         ``{setting: (recorded, declared)}``, empty when nothing changed.
@@ -167,9 +175,8 @@ def drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> dict[str,
     for key, declared in (("model", spec.model), ("dimension", spec.dimension)):
         if key in recorded and recorded[key] != declared:
             changes[key] = (recorded[key], declared)
-    for key in ("normalize", "keywords"):  # compared when the collection recorded them
-        if key in recorded and recorded[key] != spec.metadata.get(key):
-            changes[key] = (recorded[key], spec.metadata.get(key))
+    if "normalize" in recorded and recorded["normalize"] != spec.metadata.get("normalize"):
+        changes["normalize"] = (recorded["normalize"], spec.metadata.get("normalize"))
     for group in ("chunker", "embedder"):
         old = recorded.get(group)
         new = spec.metadata.get(group)
@@ -188,6 +195,19 @@ def filter_drift(recorded: Mapping[str, Any] | None, spec: CollectionSpec) -> di
         return {}
     have = recorded.get("filter_by") or {}
     return {name: kind for name, kind in declared.items() if have.get(name) != kind}
+
+
+def keywords_drift(
+    recorded: Mapping[str, Any] | None, spec: CollectionSpec
+) -> tuple[str, str] | None:
+    """The keyword analyser a collection recorded and the one ``spec`` declares, when they
+    differ (another version of the analysis, or another ``language=``): points written before
+    keep the older keyword vectors until ``reindex --all`` rewrites them (their dense vectors
+    stay); ``None`` when they are the same or the collection did not record one."""
+    if not recorded or "keywords" not in recorded:
+        return None
+    old, new = str(recorded["keywords"]), str(spec.metadata.get("keywords"))
+    return None if old == new else (old, new)
 
 
 def drift_error(
@@ -249,6 +269,8 @@ class Bindings:
         self._checked: dict[str, tuple[str, float]] = {}
         self._searchable: dict[str, tuple[str, float]] = {}
         self._untrusted: dict[str, frozenset[str]] = {}  # collection -> filter fields not filled
+        # collection -> (recorded, declared) keyword analysers, when they differ
+        self._stale: dict[str, tuple[str, str] | None] = {}
         self._lock = RenewedLock(reentrant=True)
 
     # -- columns -------------------------------------------------------------------------------
@@ -333,6 +355,7 @@ class Bindings:
             raise drift_error(binding, name, changes) from exc
         recorded = self.store.collection_info(name)
         self._note_filters(binding, recorded)
+        self._note_keywords(binding, recorded)
         changes = drift(recorded, spec)
         if not changes:
             self._checked[name] = (binding.fingerprint, now)
@@ -364,6 +387,30 @@ class Bindings:
                 cls.__qualname__,
             )
 
+    def _note_keywords(self, binding: ColumnBinding, recorded: Mapping[str, Any] | None) -> None:
+        stale = keywords_drift(recorded, binding.spec)
+        known = self._stale.get(binding.target)
+        self._stale[binding.target] = stale
+        if stale is not None and stale != known:  # (once, not at each look again)
+            cls = binding.column.mapped_class
+            log.warning(
+                "semantic_orm: the points of %r hold keyword vectors of analyser %r; %s now "
+                "writes %r (new and changed rows get it; searches and writes go on). Keyword "
+                "search matches the older points by their older terms until they are "
+                "rewritten: semantic-orm reindex MODULE:index %s:%s --all (embeds nothing)",
+                binding.target,
+                stale[0],
+                binding.label,
+                stale[1],
+                cls.__module__,
+                cls.__qualname__,
+            )
+
+    def stale_keywords(self, binding: ColumnBinding) -> tuple[str, str] | None:
+        """The keyword analyser ``binding``'s collection recorded and the one it declares, when
+        they differ (see :func:`keywords_drift`)."""
+        return keywords_drift(self.store.collection_info(binding.collection), binding.spec)
+
     def untrusted(self, binding: ColumnBinding) -> frozenset[str]:
         """The filter fields of ``binding`` not every point of its collection carries yet."""
         found = self._untrusted.get(binding.collection)
@@ -384,3 +431,4 @@ class Bindings:
             self._checked.pop(name, None)
             self._searchable.pop(name, None)
             self._untrusted.pop(name, None)
+            self._stale.pop(name, None)

@@ -377,6 +377,12 @@ def _status_table(found: list[ColumnStatus]) -> None:
                 f"  filter_by {', '.join(s.unfilled_filters)}: not in every payload yet; "
                 "where= on them filters in SQL until reindex --all"
             )
+        if s.stale_keywords:
+            old, new = s.stale_keywords
+            print(
+                f"  keywords: points of analyser {old!r}, this version writes {new!r}; "
+                "reindex --all rewrites them (embeds nothing)"
+            )
         for e in s.errors:
             print(f"  {e['jobs']} {e['state']}: {e['error'][:160]} (e.g. row {e['example_pk']})")
 

@@ -4,11 +4,14 @@ Dense embeddings capture meaning but blur exact strings: a product code such as 
 rare surname rarely lands near its own query. Keyword search catches those. Each chunk gets a
 *sparse vector* beside its dense one, from a :class:`KeywordAnalyzer`:
 
-* the text is NFKC-normalised and lower-cased, then split by script: runs of Han, kana and
-  Hangul (no spaces between words) become overlapping character bigrams (``東京都`` -> ``東京``,
-  ``京都``), the usual CJK indexing unit, and so do runs of Thai, Lao, Khmer and Myanmar; other
-  text splits into words, whose combining marks (Devanagari vowel signs, Arabic harakat) stay
-  part of the word;
+* the text is NFKC-normalised and lower-cased, loses its invisible format characters (a soft
+  hyphen or a zero-width joiner inside a word), then is split by script: runs of Han, kana
+  (with the long-vowel mark ``ー``) and Hangul (no spaces between words) become overlapping
+  character bigrams (``東京都`` -> ``東京``, ``京都``), the usual CJK indexing unit, and so do
+  runs of Thai, Lao, Khmer and Myanmar; a document's runs also yield each of their characters
+  (not counted in its length), so that a one-character query (``猫``) finds them; other text
+  splits into words, whose combining marks (Devanagari vowel signs, Arabic harakat) stay part
+  of the word;
 * without a language (the default), accents are folded on Latin, Greek and Cyrillic words (so
   ``évaluation`` matches ``evaluation``), except words marked as Vietnamese (``ơ``, ``ư``,
   ``đ``, hook or dot below), where the accent tells words apart; English and French stop words
@@ -33,7 +36,9 @@ Qdrant multiplies by the inverse document frequency itself (the sparse vector is
 the IDF modifier), so the dot product Qdrant computes is the BM25 score, and IDF stays correct as
 rows are added or deleted. Both store adapters use these same vectors, so keyword results do not
 depend on the backend. The analyser's :attr:`~KeywordAnalyzer.id` is stored with each point and
-recorded with the collection: a change is drift.
+recorded with the collection. A change (a new version of this analysis, or another language) is
+not drift: dense vectors stay valid, writes go on with the new analysis, and ``reindex --all``
+(or ``reconcile``) rewrites the older points' keyword vectors without embedding anything.
 """
 
 from __future__ import annotations
@@ -63,8 +68,11 @@ __all__ = [
     "tokenize",
 ]
 
-KEYWORDS_VERSION = 2
-"""Bumped whenever tokenization changes; stored in point payloads so sync rewrites them."""
+KEYWORDS_VERSION = 3
+"""Bumped whenever tokenization changes; stored in point payloads, so that a sync (and
+``reindex --all``) rewrites the keyword vectors of points an older version wrote. 3: the
+long-vowel mark in kana runs, single characters of documents' runs, invisible format characters
+dropped."""
 
 K1 = 1.2
 B = 0.75
@@ -78,7 +86,13 @@ hybrid 0.013 below keyword-only on all 1,190 questions)."""
 BIGRAM_LENGTH = 1 / 3
 """What one character bigram counts for in a chunk's length, in words."""
 
-_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+_UNSPACED = (
+    r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+    "\u3006\u3031-\u3035\u303c\u30fc"
+)
+"""The scripts written without spaces, and the letters of kana and Han text that Unicode counts
+in no script: the long-vowel mark ``ー`` (``コーヒー``, ``ラーメン``; NFKC makes the half-width
+``ｰ`` this one), ``〆``, ``〼`` and the vertical kana repeat marks."""
 _RUN_RE = regex.compile(rf"[{_UNSPACED}][{_UNSPACED}\p{{M}}]*")
 _WORD_RE = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}\p{M}]*(?:[-'][\p{L}\p{N}][\p{L}\p{N}\p{M}]*)*")
 """A word, in text without runs of the scripts above (they are cut out first)."""
@@ -119,12 +133,24 @@ def _fold(word: str) -> str:
 _GRAPHEME_RE = regex.compile(r"\X")
 
 
-def _bigrams(run: str) -> list[str]:
-    """The character bigrams of a run (a letter with its marks counts as one character)."""
+_IDEOGRAPHIC_RE = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\u3006\u303c\u30fc]")
+"""The first letter of a run whose single characters are words too (a Han character, a Hangul
+syllable): Chinese, Japanese and Korean, not the alphabets of Thai, Lao, Khmer and Myanmar."""
+
+
+def _run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
+    """Add the character bigrams of a run to ``grams`` (a letter with its marks counts as one
+    character; a run of one character is its own term), and, for a document (``singles`` not
+    ``None``), each character of a longer Chinese, Japanese or Korean run to ``singles``: a
+    query of one character (``猫``) finds the text that holds it inside a word, and a query of
+    two or more characters reads bigrams only, so its scores do not change."""
     chars = _GRAPHEME_RE.findall(run)
     if len(chars) == 1:
-        return chars
-    return [a + b for a, b in itertools.pairwise(chars)]
+        grams += chars
+        return
+    grams += [a + b for a, b in itertools.pairwise(chars)]
+    if singles is not None and _IDEOGRAPHIC_RE.match(run):
+        singles += chars
 
 
 def _stem(word: str) -> str:
@@ -137,20 +163,34 @@ def _stem(word: str) -> str:
     return word
 
 
+_INVISIBLE_RE = regex.compile(r"[\p{Cf}--[\u200b]]", regex.V1)
+"""Invisible format characters, which Unicode's word boundaries (UAX #29) pass over inside a
+word: the soft hyphen of hyphenated HTML (``ex\u00adample``), the zero-width joiners of Indic
+and Persian text, the word joiner, a byte-order mark, bidirectional marks. Not the zero-width
+space, which is a boundary."""
+
+
 def _prepare(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).lower()
+    """``text`` NFKC-normalised and lower-cased, without invisible format characters."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    return text if text.isascii() else _INVISIBLE_RE.sub("", text)
 
 
-def tokenize(text: str) -> Iterator[str]:
-    """The index terms of ``text`` without a language: folded words, stems, and bigrams.
+def tokenize(text: str, *, query: bool = False) -> Iterator[str]:
+    """The index terms of ``text`` without a language: folded words, stems, bigrams, and (not
+    for a ``query``) the single characters of the runs the bigrams come from, after them.
 
     Words joined by ``-`` or an apostrophe (``XR-7734``, ``l'impôt``) yield the whole form and
     each part, so a product code matches as a unit and by its pieces.
     """
     text = _prepare(text)
     if _RUN_RE.search(text):
-        for run in _RUN_RE.finditer(text):
-            yield from _bigrams(run.group())
+        grams: list[str] = []
+        singles: list[str] | None = None if query else []
+        for run in _RUN_RE.findall(text):
+            _run_terms(run, grams, singles)
+        yield from grams
+        yield from singles or ()
         text = _RUN_RE.sub(" ", text)
     for match in _WORD_RE.finditer(text):
         yield from _word_terms(match.group())
@@ -175,6 +215,23 @@ _words: dict[str, tuple[int, ...]] = {}
 """Each word seen lately, with its terms' dimensions: a text repeats its words, and a corpus its
 vocabulary, so most words are analysed once (bounded: cleared when full, words of at most
 :data:`_WORD_CACHED` characters)."""
+
+
+_runs: dict[str, int] = {}
+"""The dimension of each bigram and character of a run seen lately (bounded as :data:`_words`
+is): CJK text repeats a few thousand characters and their pairs, so that most of them are hashed
+once, and a chunk's terms are counted by dimension in one pass of the interpreter's own loops."""
+
+
+def _run_counts(terms: list[str]) -> Counter[int]:
+    """How many times each dimension occurs among the run terms ``terms``."""
+    new = set(terms).difference(_runs)
+    if new:
+        if len(_runs) + len(new) > _WORDS_KEPT:
+            _runs.clear()
+            new = set(terms)
+        _runs.update((term, _index(term)) for term in new)
+    return Counter(map(_runs.__getitem__, terms))
 
 
 def _word_terms(word: str) -> Iterator[str]:
@@ -253,22 +310,25 @@ class KeywordAnalyzer:
                     self._words = qe.Bm25(config)
         return self._words
 
-    def counts(self, text: str) -> tuple[Counter[int], float]:
-        """Each term's dimension and count in ``text``, and the text's length in words."""
+    def counts(self, text: str, *, query: bool = False) -> tuple[Counter[int], float]:
+        """Each term's dimension and count in ``text``, and the text's length in words (the
+        single characters a document's runs add count for nothing in it: the bigrams already
+        measure the run)."""
         words = _prepare(text)
-        counts: Counter[int] = Counter()
-        get = counts.get
+        counts: Counter[int]
         length = 0.0
         if not words.isascii() and _FROM_THAI_RE.search(words) and _RUN_RE.search(words):
             grams: list[str] = []
+            singles: list[str] | None = None if query else []
             for run in _RUN_RE.findall(words):
-                grams += _bigrams(run)
-            for term, times in Counter(grams).items():
-                index = _index(term)
-                counts[index] = get(index, 0) + times
+                _run_terms(run, grams, singles)
             for _ in grams:  # summed one at a time, as a term-by-term count sums them
                 length += BIGRAM_LENGTH
+            counts = _run_counts(grams + singles if singles else grams)
             words = _RUN_RE.sub(" ", words)
+        else:
+            counts = Counter()
+        get = counts.get
         if self.language is None:  # the terms of tokenize(), each distinct word analysed once
             found = (_ASCII_WORD_RE if words.isascii() else _WORD_RE).findall(words)
             terms = 0
@@ -311,7 +371,7 @@ class KeywordAnalyzer:
 
     def query_vector(self, text: str) -> SparseVector:
         """A query's sparse vector: weight 1 for each distinct term."""
-        counts, _ = self.counts(text)
+        counts, _ = self.counts(text, query=True)
         indices = sorted(counts)
         return SparseVector(tuple(indices), tuple(1.0 for _ in indices))
 

@@ -36,7 +36,7 @@ from sqlalchemy.orm import sessionmaker
 
 from . import outbox
 from .applying import SyncOp, text_hash
-from .binding import ColumnBinding, drift
+from .binding import ColumnBinding, drift, keywords_drift
 from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
 from .filtering import describe, row_fields
 from .index import SemanticIndex, blocking_engine
@@ -212,9 +212,14 @@ def reindex(
         _drain(index, engine, queued, f"embed {model.__name__}", progress)
     for col in columns:
         binding = index.binding_for(col)
+        refreshed: dict[str, Any] = {}
         if all_rows and process and index.bindings.untrusted(binding):
             # every row's payload now carries the declared filter fields: where= may use them
-            index.store.update_metadata(binding.collection, {"filter_by": describe(binding.fields)})
+            refreshed["filter_by"] = describe(binding.fields)
+        if all_rows and process and index.bindings.stale_keywords(binding):
+            refreshed["keywords"] = binding.analyzer.id  # every point rewritten with it
+        if refreshed:
+            index.store.update_metadata(binding.collection, refreshed)
             index.bindings.forget(binding)
         if process and index.store.collection_info(binding.collection) is not None:
             index.store.optimize(binding.collection)  # build the vector index once, now
@@ -235,7 +240,8 @@ class ReconcileReport:
     missing: int
     """Rows with text but no points: queued."""
     changed: int
-    """Rows whose text, settings or filter values differ from what their points record: queued."""
+    """Rows whose text, settings, filter values or keyword analysis differ from what their
+    points record: queued."""
     emptied: int
     """Rows without text that still have points: queued (their points go)."""
     orphans: int
@@ -329,6 +335,7 @@ def _reconcile(
                         elif (
                             point.text_hash != text_hash(value)
                             or point.config != binding.fingerprint
+                            or point.analyzer != binding.analyzer.id
                             or dict(point.fields) != row_fields(fields, values)
                         ):  # the text, the settings, or a value that travels with it
                             counts["changed"] += 1
@@ -419,6 +426,9 @@ class ColumnStatus:
     """The store's vector index: ``points``, ``indexed`` (in a built index), ``segments``."""
     unfilled_filters: list[str] = dataclasses.field(default_factory=list)
     """``filter_by`` fields not every point carries yet (``reindex --all`` fills them)."""
+    stale_keywords: tuple[str, str] | None = None
+    """The keyword analyser the collection's points were written with and the one this
+    version writes, when they differ (``reindex --all`` rewrites them, embedding nothing)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -435,6 +445,7 @@ class ColumnStatus:
             "errors": self.errors,
             "index": self.index_state,
             "unfilled_filters": self.unfilled_filters,
+            "stale_keywords": None if self.stale_keywords is None else list(self.stale_keywords),
         }
 
 
@@ -477,6 +488,7 @@ def status(
                         else {}
                     ),
                     unfilled_filters=sorted(index.bindings.untrusted(binding)),
+                    stale_keywords=index.bindings.stale_keywords(binding),
                 )
             )
     return out
@@ -581,7 +593,7 @@ def rebuild(
         build = binding.retarget(_build_name(binding))
         target = build.target
         left = index.store.collection_info(target)
-        if left is not None and drift(left, build.spec):
+        if left is not None and (drift(left, build.spec) or keywords_drift(left, build.spec)):
             # not a build for these settings (e.g. the old collection a crash left behind)
             index.store.drop_collection(target)
         try:

@@ -6,6 +6,7 @@ adapters; the rest needs no database.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -107,8 +108,12 @@ def test_drift_names_each_change_and_search_only_passes_chunking_drift() -> None
         other_model.bindings.check(other_model.binding_for(_column(_doc(200))), for_search=True)
 
 
-def test_normalisation_and_keyword_language_are_recorded_and_their_change_is_drift() -> None:
-    from semantic_orm import EmbeddingDriftError
+def test_normalisation_and_keyword_language_are_recorded_and_only_normalisation_is_drift(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from semantic_orm import EmbeddingDriftError, binding
+    from semantic_orm.binding import keywords_drift
+    from semantic_orm.keywords import KEYWORDS_VERSION
 
     store = MemoryStore()
     old = SemanticIndex(store=store, embedder=HashEmbedder())
@@ -116,20 +121,32 @@ def test_normalisation_and_keyword_language_are_recorded_and_their_change_is_dri
     old.bindings.check(first)
     recorded = store.collection_info(first.collection)
     assert recorded is not None
-    assert recorded["normalize"] == ["nfkc"] and recorded["keywords"] == "2"
+    assert recorded["normalize"] == ["nfkc"] and recorded["keywords"] == str(KEYWORDS_VERSION)
     assert recorded["fusion"] == {"rule": "score", "dense_weight": 0.4, "coverage_power": 2.0}
     new = SemanticIndex(store=store, embedder=HashEmbedder())
     changed = new.binding_for(_column(_doc(200, normalize=("nfkc", "lower"), language="de")))
     assert changed.fingerprint != first.fingerprint  # other text reaches the model
     with pytest.raises(EmbeddingDriftError) as info:
         new.bindings.check(changed)
-    assert info.value.changes == {
-        "normalize": (["nfkc"], ["nfkc", "lower"]),
-        "keywords": ("2", "2:german"),
-    }
+    assert info.value.changes == {"normalize": (["nfkc"], ["nfkc", "lower"])}
+    # another language changes keyword vectors only: not drift, a refresh
+    version = str(KEYWORDS_VERSION)
+    assert keywords_drift(recorded, changed.spec) == (version, f"{version}:german")
+    german = SemanticIndex(store=store, embedder=HashEmbedder())
+    stemmed = german.binding_for(_column(_doc(200, language="de")))
+    assert stemmed.fingerprint == first.fingerprint  # the same dense vectors
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semantic_orm"):
+        german.bindings.check(stemmed)  # writes go on
+        monkeypatch.setattr(binding, "RECHECK", 0.0)  # looked at again: warned once
+        german.bindings.check(stemmed)
+    warned = [r.getMessage() for r in caplog.records if "keyword vectors" in r.getMessage()]
+    assert len(warned) == 1 and "--all (embeds nothing)" in warned[0], warned
+    assert german.bindings.stale_keywords(stemmed) == (version, f"{version}:german")
+    assert german.bindings.drift_of(stemmed) == {}
     # a collection recorded before these settings existed is not compared on them
     legacy = {k: v for k, v in recorded.items() if k not in ("normalize", "keywords")}
-    assert drift(legacy, changed.spec) == {}
+    assert drift(legacy, changed.spec) == {} and keywords_drift(legacy, changed.spec) is None
 
 
 @pytest.mark.parametrize(

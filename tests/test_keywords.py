@@ -28,11 +28,56 @@ def test_french_accents_and_elisions() -> None:
 
 
 def test_cjk_runs_become_character_bigrams() -> None:
-    assert list(tokenize("東京都に行く")) == ["東京", "京都", "都に", "に行", "行く"]
-    assert list(tokenize("東")) == ["東"]
-    assert list(tokenize("서울 Seoul")) == ["서울", "seoul"]
+    bigrams = ["東京", "京都", "都に", "に行", "行く"]
+    assert list(tokenize("東京都に行く", query=True)) == bigrams
+    # a document's runs also yield their characters, after the bigrams
+    assert list(tokenize("東京都に行く")) == [*bigrams, "東", "京", "都", "に", "行", "く"]
+    assert list(tokenize("東")) == list(tokenize("東", query=True)) == ["東"]
+    assert list(tokenize("서울 Seoul", query=True)) == ["서울", "seoul"]
     shared = set(query_vector("京都").indices) & set(document_vector("東京都の天気").indices)
     assert shared  # 京都 is a bigram of 東京都
+
+
+@pytest.mark.parametrize(
+    ("query", "document"),
+    [("猫", "我喜欢猫和狗"), ("물", "맑은물이 흐른다"), ("犬", "犬が好きです"), ("京", "東京都")],
+)
+def test_a_one_character_query_finds_the_character_inside_a_run(query: str, document: str) -> None:
+    assert set(query_vector(query).indices) <= set(document_vector(document).indices)
+    # the characters count for nothing in the length: a longer query's weights do not change
+    analyser = keywords.KeywordAnalyzer()
+    assert analyser.counts(document)[1] == analyser.counts(document, query=True)[1]
+    assert not set(query_vector("狗猫").indices) & set(document_vector("猫狗").indices)
+
+
+def test_the_long_vowel_mark_belongs_to_its_kana_word() -> None:
+    # ー (and the half-width ｰ NFKC turns into it) is in no script: it used to cut the word into
+    # one-letter terms that matched any katakana text holding コ and ヒ
+    assert list(tokenize("コーヒー", query=True)) == ["コー", "ーヒ", "ヒー"]
+    assert list(tokenize("ｺｰﾋｰ", query=True)) == ["コー", "ーヒ", "ヒー"]
+    assert list(tokenize("ラーメン屋", query=True)) == ["ラー", "ーメ", "メン", "ン屋"]
+    coffee = set(query_vector("コーヒー").indices)
+    assert coffee <= set(document_vector("朝はコーヒーを飲む").indices)
+    assert not coffee & set(document_vector("コピーとヒント").indices)
+
+
+@pytest.mark.parametrize(
+    ("text", "plain"),
+    [
+        ("ex\u00adample", "example"),  # a soft hyphen (hyphenated HTML)
+        ("ഞാൻ\u200dമലയാളം", "ഞാൻമലയാളം"),  # a zero-width joiner
+        ("\ufeffpump", "pump"),  # a byte-order mark
+        ("word\u2060joined", "wordjoined"),  # the word joiner
+        ("\u200fשלום\u200f", "שלום"),  # bidirectional marks
+    ],
+)
+def test_invisible_format_characters_do_not_split_words(text: str, plain: str) -> None:
+    assert list(tokenize(text)) == list(tokenize(plain))
+    assert document_vector(text) == document_vector(plain)
+
+
+def test_a_zero_width_space_is_a_boundary() -> None:
+    assert list(tokenize("foo\u200bbar")) == ["foo", "bar"]
 
 
 def test_document_weights_saturate_and_normalise_by_length() -> None:
@@ -59,7 +104,7 @@ def test_empty_text_gives_an_empty_vector(text: str) -> None:
 
 def test_scripts_without_spaces_become_bigrams_and_marks_stay_in_their_word() -> None:
     # Thai has no spaces: bigrams of its characters (a letter with its marks is one)
-    assert list(tokenize("นักเรียน")) == ["นัก", "กเ", "เรี", "รีย", "ยน"]
+    assert list(tokenize("นักเรียน", query=True)) == ["นัก", "กเ", "เรี", "รีย", "ยน"]
     # Devanagari vowel signs and the virama are part of the word, not separators
     assert list(tokenize("हिन्दी भाषा")) == ["हिन्दी", "भाषा"]
     # Vietnamese accents tell words apart: kept; a French word's are folded
@@ -71,7 +116,8 @@ def test_scripts_without_spaces_become_bigrams_and_marks_stay_in_their_word() ->
 
 def test_bigram_chunks_count_a_third_of_a_word_each_in_their_length() -> None:
     counts, length = keywords.analyzer_for(None).counts("東京都 river")
-    assert sum(counts.values()) == 3 and length == pytest.approx(2 / 3 + 1)
+    # two bigrams and a word; the document's three single characters count for nothing
+    assert sum(counts.values()) == 6 and length == pytest.approx(2 / 3 + 1)
 
 
 def test_a_language_stems_with_qdrants_snowball_and_keeps_codes_whole() -> None:
@@ -97,13 +143,13 @@ def test_a_language_stems_with_qdrants_snowball_and_keeps_codes_whole() -> None:
     assert w1 < w2 < keywords.K1 + 1
 
 
-def _counted(text: str) -> tuple[Counter[int], float]:
+def _counted(text: str, query: bool = False) -> tuple[Counter[int], float]:
     """What ``KeywordAnalyzer().counts`` must give: each term of :func:`tokenize` counted, and
-    the length summed term by term in their order (a bigram a third of a word)."""
-    expected: Counter[int] = Counter()
+    the length summed term by term in the order of a query's terms (a bigram a third of a
+    word; a document's single characters of a run are the terms a query does not have)."""
+    expected = Counter(keywords._index(term) for term in tokenize(text, query=query))
     length = 0.0
-    for term in tokenize(text):
-        expected[keywords._index(term)] += 1
+    for term in tokenize(text, query=True):
         length += keywords.BIGRAM_LENGTH if keywords._RUN_RE.match(term) else 1.0
     return expected, length
 
@@ -128,6 +174,10 @@ def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
         "東京都",
         "京都",
         "ひらがな",
+        "コーヒー",
+        "猫",
+        "ex\u00adample",
+        "\u200d",
         "한국어",
         "ภาษาไทย",
         "नमस्ते",
@@ -152,12 +202,15 @@ def test_the_analyser_counts_exactly_the_terms_tokenize_yields() -> None:
         assert text.isascii() or i % 2 == 0
         for _ in range(2):  # words first seen, then remembered
             assert analyser.counts(text) == _counted(text), text
+            assert analyser.counts(text, query=True) == _counted(text, query=True), text
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=120) | st.text(alphabet=string.printable, max_size=120))
 def test_any_text_counts_the_terms_tokenize_yields(text: str) -> None:
-    assert keywords.KeywordAnalyzer().counts(text) == _counted(text)
+    analyser = keywords.KeywordAnalyzer()
+    assert analyser.counts(text) == _counted(text)
+    assert analyser.counts(text, query=True) == _counted(text, query=True)
 
 
 def test_no_term_of_a_word_is_a_bigram_in_any_script() -> None:

@@ -5,6 +5,7 @@ SQLite and PostgreSQL, both store adapters, the fake embedder.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -165,3 +166,70 @@ def test_reconcile_waits_for_the_jobs_another_processor_holds(
     assert report.queued == 3
     assert pending(engine) == []
     assert_index_matches_database(engine, idx.store)
+
+
+def test_a_new_keyword_analysis_keeps_writes_going_and_reindex_all_rewrites_keywords_only(
+    tables: Engine, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release whose keyword analyser changed (here: the version before documents' runs
+    yielded their single characters) must not stop writes until a rebuild: the dense vectors
+    still fit. New rows get the new analysis at once; ``reindex --all`` rewrites the older
+    points' keyword vectors without embedding, then records the new analyser."""
+    from semantic_orm import keywords, signals
+
+    def older_run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
+        current(run, grams, None)  # bigrams only, as version 2 wrote them
+
+    current = keywords._run_terms
+    texts = ["我喜欢猫和狗", "猫在睡觉", "今天天气很好"]
+    factory = sessionmaker(tables)
+    with pytest.MonkeyPatch.context() as old_release:
+        old_release.setattr(keywords, "KEYWORDS_VERSION", 2)
+        old_release.setattr(keywords, "_run_terms", older_run_terms)
+        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+        old.install(factory)
+        with factory() as s:
+            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(texts, 1))
+            s.commit()
+        old.drain(tables, timeout=30)
+        old.uninstall(factory)
+
+    def cats(idx: SemanticIndex) -> list[int]:
+        with factory() as s:
+            hits = Article.semantic_search(s, "猫", limit=10, mode="keyword")
+            return sorted(h.obj.id for h in hits)
+
+    new = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    new.install(factory)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semantic_orm"):
+        assert cats(new) == []  # the older points hold no single characters
+        with factory() as s:  # writes go on: no drift, no rebuild
+            s.add(Article(id=9, title="t", content="一只黑猫"))
+            s.commit()
+        new.drain(tables, timeout=30)
+        assert cats(new) == [9]
+    assert any("hold keyword vectors of analyser '2'" in r.getMessage() for r in caplog.records)
+    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
+    assert state.drift == {} and state.pending_jobs == 0
+    assert state.stale_keywords == ("2", str(keywords.KEYWORDS_VERSION))
+    (found,) = reconcile(new, Article, tables, process=False)
+    assert found.changed == 3 and found.in_sync == 1  # the older points, by their analyser
+
+    embedded: list[int] = []
+
+    def count(sender: Any, **kw: Any) -> None:
+        embedded.append(kw["count"])
+
+    signals.embedded.connect(count)
+    try:
+        reindex(new, Article, tables, all_rows=True)
+    finally:
+        signals.embedded.disconnect(count)
+    assert embedded == []  # keyword vectors rewritten, every dense vector reused
+    assert cats(new) == [1, 2, 9]
+    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
+    assert state.stale_keywords is None
+    recorded = store.collection_info(state.collection)
+    assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)
+    new.uninstall(factory)

@@ -422,11 +422,10 @@ async def test_a_burst_of_first_async_commits_on_sqlite_creates_the_outbox(
                     s.add(Article(id=i, title="t", content=f"row {i} about rivers"))
                     await s.commit()
 
-            started = time.monotonic()
             results = await asyncio.gather(
                 *(commit(i) for i in range(1, 5)), return_exceptions=True
             )
-            assert results == [None] * 4 and time.monotonic() - started < 2.5
+            assert results == [None] * 4  # (without a second connection: no pool timeout)
             await idx.adrain(factory, timeout=10)
             assert store.count(COLL) == 4 and await _no_jobs(aengine)
     finally:

@@ -531,3 +531,29 @@ def test_the_worker_service_waits_out_any_database_error_once_a_pass_worked(
     assert "no such table" in err and "(2 failed in a row)" in err, err
     assert "the database works again after 2 failed passes" in err
     assert pending(tables) == []
+
+
+def test_status_table_says_what_each_refresh_and_drift_needs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from semantic_orm.cli import _status_table
+    from semantic_orm.maintenance import ColumnStatus
+
+    state = ColumnStatus(
+        column="Article.content",
+        collection="article__content",
+        rows=3,
+        indexed_rows=3,
+        pending_jobs=0,
+        dead_jobs=0,
+        oldest_pending_age=None,
+        drift={"chunker.chunk_size": (200, 100)},
+        unfilled_filters=["tenant"],
+        stale_keywords=("2", "3"),
+    )
+    _status_table([state])
+    out = capsys.readouterr().out
+    assert "drift: chunker.chunk_size 200 -> 100 (reindex --rebuild)" in out
+    assert "filter_by tenant: not in every payload yet" in out
+    assert "keywords: points of analyser '2', this version writes '3'; reindex --all" in out
+    assert json.loads(json.dumps(state.as_dict()))["stale_keywords"] == ["2", "3"]

@@ -536,11 +536,10 @@ def test_a_first_transaction_finds_the_outbox_through_its_own_connection(db_url:
     factory = sessionmaker()  # unbound: the outbox is looked for at the first transaction
     idx.install(factory)
     try:
-        started = time.monotonic()
         with factory(bind=engine) as s:
             s.add(Article(id=1, title="t", content="a row"))
             s.commit()
-        assert len(checkouts) == 1 and time.monotonic() - started < 2
+        assert len(checkouts) == 1  # (a second checkout waits out the timeout, then fails)
         assert len(jobs(engine)) == 1
     finally:
         idx.uninstall(factory)
@@ -565,9 +564,8 @@ def test_a_first_transaction_on_sqlite_creates_the_outbox_through_its_own_connec
     factory = sessionmaker()  # unbound: the outbox is created at the first transaction
     idx.install(factory)
     try:
-        started = time.monotonic()
         assert _commit_at_once(factory, engine, 3) == []
-        assert len(checkouts) == 3 and time.monotonic() - started < 2
+        assert len(checkouts) == 3
         assert len(jobs(engine)) == 3
     finally:
         idx.uninstall(factory)

@@ -8,10 +8,10 @@ rare surname rarely lands near its own query. Keyword search catches those. Each
   hyphen or a zero-width joiner inside a word), then is split by script: runs of Han, kana
   (with the long-vowel mark ``ー``) and Hangul (no spaces between words) become overlapping
   character bigrams (``東京都`` -> ``東京``, ``京都``), the usual CJK indexing unit, and so do
-  runs of Thai, Lao, Khmer and Myanmar; a document's runs also yield each of their characters
-  (not counted in its length), so that a one-character query (``猫``) finds them; other text
-  splits into words, whose combining marks (Devanagari vowel signs, Arabic harakat) stay part
-  of the word;
+  runs of Thai, Lao, Khmer and Myanmar; a document's Chinese, Japanese and Korean runs also
+  yield each of their characters (not counted in its length), so that a one-character query
+  (``猫``) finds them; other text splits into words, whose combining marks (Devanagari vowel
+  signs, Arabic harakat) stay part of the word;
 * without a language (the default), accents are folded on Latin, Greek and Cyrillic words (so
   ``évaluation`` matches ``evaluation``), except words marked as Vietnamese (``ơ``, ``ư``,
   ``đ``, hook or dot below), where the accent tells words apart; English and French stop words
@@ -71,8 +71,8 @@ __all__ = [
 KEYWORDS_VERSION = 3
 """Bumped whenever tokenization changes; stored in point payloads, so that a sync (and
 ``reindex --all``) rewrites the keyword vectors of points an older version wrote. 3: the
-long-vowel mark in kana runs, single characters of documents' runs, invisible format characters
-dropped."""
+long-vowel mark in kana runs, the single characters of documents' CJK runs, invisible format
+characters dropped."""
 
 K1 = 1.2
 B = 0.75
@@ -178,7 +178,8 @@ def _prepare(text: str) -> str:
 
 def tokenize(text: str, *, query: bool = False) -> Iterator[str]:
     """The index terms of ``text`` without a language: folded words, stems, bigrams, and (not
-    for a ``query``) the single characters of the runs the bigrams come from, after them.
+    for a ``query``) the single characters of the Chinese, Japanese and Korean runs the bigrams
+    come from, after them.
 
     Words joined by ``-`` or an apostrophe (``XR-7734``, ``l'impôt``) yield the whole form and
     each part, so a product code matches as a unit and by its pieces.

@@ -337,7 +337,8 @@ def _reconcile(
                             or point.config != binding.fingerprint
                             or point.analyzer != binding.analyzer.id
                             or dict(point.fields) != row_fields(fields, values)
-                        ):  # the text, the settings, or a value that travels with it
+                        ):  # the text, the settings, a value that travels with it, or
+                            # the keyword analysis
                             counts["changed"] += 1
                         else:
                             counts["in_sync"] += 1

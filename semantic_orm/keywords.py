@@ -232,7 +232,10 @@ def _run_counts(terms: list[str]) -> Counter[int]:
             _runs.clear()
             new = set(terms)
         _runs.update((term, _index(term)) for term in new)
-    return Counter(map(_runs.__getitem__, terms))
+    try:
+        return Counter(map(_runs.__getitem__, terms))
+    except KeyError:  # another thread cleared it meanwhile (it was full)
+        return Counter(map(_index, terms))
 
 
 def _word_terms(word: str) -> Iterator[str]:

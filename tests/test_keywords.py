@@ -239,3 +239,19 @@ def test_long_words_are_analysed_but_not_kept() -> None:
     assert short in keywords._words and long not in keywords._words
     assert document_vector(f"{short} {long}") == first
     assert query_vector(long).indices == document_vector(long).indices
+
+
+def test_run_terms_are_counted_when_another_thread_clears_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run terms' dimensions are remembered in a bounded dict that any thread may clear
+    when it is full: a count that read it meanwhile must still count every term."""
+    expected = keywords.analyzer_for(None).counts("東京都に行く")
+
+    class Cleared(dict[str, int]):
+        def __getitem__(self, term: str) -> int:
+            self.clear()  # as another thread's clear, between the update and the reads
+            return super().__getitem__(term)
+
+    monkeypatch.setattr(keywords, "_runs", Cleared())
+    assert keywords.analyzer_for(None).counts("東京都に行く") == expected

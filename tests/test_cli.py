@@ -365,7 +365,10 @@ def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_pat
         rows = [{"id": i, "title": f"t{i}", "content": doc_text(i)} for i in range(3)]
         conn.execute(insert(Article), rows)
         outbox.enqueue(conn, [("article", "content", str(i)) for i in range(3)])
-    command = [sys.executable, "-m", "semantic_orm.cli", "worker", "tests.cli_app:index"]
+    command = [
+        *(sys.executable, "-X", "faulthandler"),
+        *("-m", "semantic_orm.cli", "worker", "tests.cli_app:index"),
+    ]
     root = Path(__file__).resolve().parents[1]
     if sqlite:
         assert url.database is not None
@@ -408,7 +411,13 @@ def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_pat
             assert time.monotonic() < deadline and service.poll() is None, seen
             time.sleep(0.05)
         service.send_signal(signal.SIGINT)
-        service.wait(timeout=60)
+        try:
+            service.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # (once, under load): where each thread waits
+            service.send_signal(signal.SIGABRT)  # faulthandler prints their stacks
+            service.wait(timeout=30)
+            reader.join(timeout=30)
+            pytest.fail("the worker did not stop after SIGINT:\n" + "".join(seen))
     finally:
         service.kill()
         reader.join(timeout=60)

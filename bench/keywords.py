@@ -69,10 +69,11 @@ def word_by_word(text: str) -> SparseVector:
             for term in bigrams_one_by_one(run.group()):
                 counts[keywords._index(term)] += 1
                 length += keywords.BIGRAM_LENGTH
-        for run in keywords._RUN_RE.finditer(words):  # and a longer run's characters (no length)
-            chars = regex.findall(r"\X", run.group())
+        for run in keywords._RUN_RE.finditer(words):  # and a longer run's Chinese, Japanese
+            chars = regex.findall(r"\X", run.group())  # and Korean characters (no length)
             for char in chars if len(chars) > 1 else ():
-                counts[keywords._index(char)] += 1
+                if keywords._IDEOGRAPHIC_RE.match(char):
+                    counts[keywords._index(char)] += 1
         words = keywords._RUN_RE.sub(" ", words)
     for match in keywords._WORD_RE.finditer(words):
         word = match.group()

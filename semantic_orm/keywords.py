@@ -133,9 +133,12 @@ def _fold(word: str) -> str:
 _GRAPHEME_RE = regex.compile(r"\X")
 
 
-_IDEOGRAPHIC_RE = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\u3006\u303c\u30fc]")
-"""The first letter of a run whose single characters are words too (a Han character, a Hangul
-syllable): Chinese, Japanese and Korean, not the alphabets of Thai, Lao, Khmer and Myanmar."""
+_IDEOGRAPHIC = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\u3006\u3031-\u3035\u303c\u30fc"
+_IDEOGRAPHIC_RE = regex.compile(f"[{_IDEOGRAPHIC}]")
+"""A letter whose single characters are words too (a Han character, a Hangul syllable):
+Chinese, Japanese and Korean, not the alphabets of Thai, Lao, Khmer and Myanmar."""
+_IDEOGRAPHIC_RUN_RE = regex.compile(rf"[{_IDEOGRAPHIC}\p{{M}}]+")
+"""A run of those letters only (with their marks): all its characters are terms too."""
 
 
 def _run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
@@ -149,8 +152,12 @@ def _run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
         grams += chars
         return
     grams += [a + b for a, b in itertools.pairwise(chars)]
-    if singles is not None and _IDEOGRAPHIC_RE.match(run):
+    if singles is None:
+        return
+    if _IDEOGRAPHIC_RUN_RE.fullmatch(run):
         singles += chars
+    elif _IDEOGRAPHIC_RE.search(run):  # mixed with Thai (written without spaces either)
+        singles += [char for char in chars if _IDEOGRAPHIC_RE.match(char)]
 
 
 def _stem(word: str) -> str:
@@ -163,11 +170,12 @@ def _stem(word: str) -> str:
     return word
 
 
-_INVISIBLE_RE = regex.compile(r"[\p{Cf}--[\u200b]]", regex.V1)
+_INVISIBLE_RE = regex.compile(r"[\p{Cf}--[\u200b\u200c]]", regex.V1)
 """Invisible format characters, which Unicode's word boundaries (UAX #29) pass over inside a
-word: the soft hyphen of hyphenated HTML (``ex\u00adample``), the zero-width joiners of Indic
-and Persian text, the word joiner, a byte-order mark, bidirectional marks. Not the zero-width
-space, which is a boundary."""
+word: the soft hyphen of hyphenated HTML (``ex\u00adample``), the zero-width joiner of Indic
+scripts, the word joiner, a byte-order mark, bidirectional marks. Not the zero-width space,
+which is a boundary, nor the zero-width non-joiner, which in Persian parts a word from its
+suffix (``کتاب‌ها``, books: a query ``کتاب`` finds it, as Lucene's Persian analysis reads it)."""
 
 
 def _prepare(text: str) -> str:
@@ -220,14 +228,17 @@ vocabulary, so most words are analysed once (bounded: cleared when full, words o
 
 _runs: dict[str, int] = {}
 """The dimension of each bigram and character of a run seen lately (bounded as :data:`_words`
-is): CJK text repeats a few thousand characters and their pairs, so that most of them are hashed
-once, and a chunk's terms are counted by dimension in one pass of the interpreter's own loops."""
+is, by count and by length): CJK text repeats a few thousand characters and their pairs, so
+that most of them are hashed once, and a chunk's terms are counted by dimension in one pass of
+the interpreter's own loops."""
 
 
 def _run_counts(terms: list[str]) -> Counter[int]:
     """How many times each dimension occurs among the run terms ``terms``."""
     new = set(terms).difference(_runs)
     if new:
+        if max(map(len, new)) > _WORD_CACHED:  # a letter with thousands of marks: not kept
+            return Counter(map(_index, terms))
         if len(_runs) + len(new) > _WORDS_KEPT:
             _runs.clear()
             new = set(terms)

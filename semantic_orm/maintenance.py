@@ -36,7 +36,7 @@ from sqlalchemy.orm import sessionmaker
 
 from . import outbox
 from .applying import SyncOp, text_hash
-from .binding import ColumnBinding, drift, keywords_drift
+from .binding import ColumnBinding, drift, filter_drift
 from .exc import CollectionMismatchError, ConfigurationError, SyncError, is_transient
 from .filtering import describe, row_fields
 from .index import SemanticIndex, blocking_engine
@@ -152,6 +152,45 @@ def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[Point
             return
 
 
+def _record_refreshed(index: SemanticIndex, binding: ColumnBinding, collection: str) -> None:
+    """Record with ``collection`` the filter fields and the keyword analyser ``binding``
+    declares, if every row's points now carry them (after ``reindex --all``, a ``reconcile``
+    pass or a build): where= then filters on those fields in the store, and the keyword
+    warning ends. Each row's first chunk is looked at (a sync writes all of a row's chunks
+    with the same payload fields and analysis); a row whose job failed, or waits behind
+    drift, keeps the collection as it is recorded."""
+    recorded = index.store.collection_info(collection)
+    if recorded is None:
+        return
+    unfilled = set(filter_drift(recorded, binding.spec))
+    analyser = binding.analyzer.id
+    stale = recorded.get("keywords") != analyser  # (or not recorded yet)
+    if not unfilled and not stale:
+        return
+    for page in _indexed_pages(index, collection):
+        for point in page:
+            unfilled_here = bool(unfilled) and not unfilled <= point.fields.keys()
+            stale_here = stale and point.analyzer != analyser
+            if unfilled_here or stale_here:
+                log.info(
+                    "semantic_orm: %s: row %s still has points of the earlier %s; %r is "
+                    "recorded as it was",
+                    binding.label,
+                    point.pk,
+                    "filter fields" if unfilled_here else "keyword analysis",
+                    collection,
+                )
+                return
+    changes: dict[str, Any] = {}
+    if unfilled:
+        changes["filter_by"] = describe(binding.fields)
+    if stale:
+        changes["keywords"] = analyser
+    if changes:
+        index.store.update_metadata(collection, changes)
+        index.bindings.forget(binding)
+
+
 def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progress: Any) -> None:
     """Process due jobs until none is left, and wait for the ones another processor (a worker,
     the background retrier) holds a lease on; jobs waiting for a retry are left to it."""
@@ -184,7 +223,9 @@ def reindex(
         index: The index to fill.
         model: The mapped class with SemanticText columns.
         bind: Engine or sessionmaker of the database.
-        all_rows: Queue every row, not only those without vectors.
+        all_rows: Queue every row, not only those without vectors (then, with ``process``,
+            record the declared filter fields and keyword analyser with the collection once
+            every row's points carry them: see :func:`_record_refreshed`).
         batch_size: Rows per committed batch of jobs.
         process: Drain the queued jobs before returning.
         progress: Show a progress bar (``True`` for stderr, or a stream).
@@ -212,15 +253,8 @@ def reindex(
         _drain(index, engine, queued, f"embed {model.__name__}", progress)
     for col in columns:
         binding = index.binding_for(col)
-        refreshed: dict[str, Any] = {}
-        if all_rows and process and index.bindings.untrusted(binding):
-            # every row's payload now carries the declared filter fields: where= may use them
-            refreshed["filter_by"] = describe(binding.fields)
-        if all_rows and process and index.bindings.stale_keywords(binding):
-            refreshed["keywords"] = binding.analyzer.id  # every point rewritten with it
-        if refreshed:
-            index.store.update_metadata(binding.collection, refreshed)
-            index.bindings.forget(binding)
+        if all_rows and process:
+            _record_refreshed(index, binding, binding.collection)
         if process and index.store.collection_info(binding.collection) is not None:
             index.store.optimize(binding.collection)  # build the vector index once, now
     return queued
@@ -280,7 +314,8 @@ def reconcile(
         model: Only this mapped class (default: every column the index serves).
         bind: Engine or sessionmaker of the database.
         batch_size: Rows per page (and per committed batch of jobs).
-        process: Drain the queued jobs before returning.
+        process: Drain the queued jobs before returning (then record the declared filter
+            fields and keyword analyser as :func:`reindex` does).
         restart: Ignore the checkpoint of an interrupted pass and start from the beginning.
         progress: Show a progress bar (``True`` for stderr, or a stream).
 
@@ -295,6 +330,10 @@ def reconcile(
     queued = sum(r.queued for r in reports)
     if process and queued:
         _drain(index, engine, queued, "sync", progress)
+    if process:  # rows of another analysis or without the new filter fields were synced
+        for col in columns:
+            binding = index.binding_for(col)
+            _record_refreshed(index, binding, binding.collection)
     return reports
 
 
@@ -594,7 +633,7 @@ def rebuild(
         build = binding.retarget(_build_name(binding))
         target = build.target
         left = index.store.collection_info(target)
-        if left is not None and (drift(left, build.spec) or keywords_drift(left, build.spec)):
+        if left is not None and drift(left, build.spec):
             # not a build for these settings (e.g. the old collection a crash left behind)
             index.store.drop_collection(target)
         try:
@@ -621,6 +660,7 @@ def rebuild(
                 reused += report.reused
                 rows += len(part)
                 bar.update(len(part))
+        _record_refreshed(index, build, target)  # (a build left by an earlier release)
         index.store.optimize(target)  # the new collection answers from a built index
         if switch:
             _switch(index, engine, binding, target)

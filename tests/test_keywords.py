@@ -76,8 +76,33 @@ def test_invisible_format_characters_do_not_split_words(text: str, plain: str) -
     assert document_vector(text) == document_vector(plain)
 
 
-def test_a_zero_width_space_is_a_boundary() -> None:
+def test_a_zero_width_space_and_a_non_joiner_are_boundaries() -> None:
     assert list(tokenize("foo\u200bbar")) == ["foo", "bar"]
+    # in Persian the non-joiner parts a word from its suffix: books (کتاب‌ها) hold a book
+    books = "کتاب\u200cهای فارسی"
+    assert set(query_vector("کتاب").indices) <= set(document_vector(books).indices)
+
+
+def test_only_chinese_japanese_and_korean_letters_are_terms_on_their_own() -> None:
+    """A Thai run yields no single letters (an alphabet's letters are not words); a run that
+    mixes Thai and Han (neither is written with spaces) yields the Han characters, whichever
+    script comes first."""
+    assert list(tokenize("นักเรียน")) == list(tokenize("นักเรียน", query=True))
+    for text in ("ร้านอาหาร北京", "北京ร้านอาหาร"):
+        singles = [t for t in tokenize(text) if len(t) == 1]
+        assert singles == ["北", "京"], (text, singles)
+        assert set(query_vector("京").indices) <= set(document_vector(text).indices)
+
+
+def test_a_huge_letter_of_a_run_is_analysed_but_not_kept() -> None:
+    """A Han letter carrying thousands of combining marks is one character, and one term: a
+    query of such letters per search must not grow the run terms' cache by their size."""
+    huge = "猫" + "\u0301" * 5000
+    text = f"{huge}狗"
+    first = keywords.analyzer_for(None).counts(text)
+    assert all(len(term) <= keywords._WORD_CACHED for term in keywords._runs)
+    assert keywords.analyzer_for(None).counts(text) == first
+    assert set(query_vector(huge).indices) <= set(document_vector(text).indices)
 
 
 def test_document_weights_saturate_and_normalise_by_length() -> None:

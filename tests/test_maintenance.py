@@ -168,53 +168,33 @@ def test_reconcile_waits_for_the_jobs_another_processor_holds(
     assert_index_matches_database(engine, idx.store)
 
 
-def test_a_new_keyword_analysis_keeps_writes_going_and_reindex_all_rewrites_keywords_only(
-    tables: Engine, store: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A release whose keyword analyser changed (here: the version before documents' runs
-    yielded their single characters) must not stop writes until a rebuild: the dense vectors
-    still fit. New rows get the new analysis at once; ``reindex --all`` rewrites the older
-    points' keyword vectors without embedding, then records the new analyser."""
-    from semantic_orm import keywords, signals
+class _OlderAnalysis:
+    """The keyword analysis of the release before (version 2: a document's runs yielded no
+    single characters), for a deployment that wrote its points before an upgrade."""
 
-    def older_run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
-        current(run, grams, None)  # bigrams only, as version 2 wrote them
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from semantic_orm import keywords
 
-    current = keywords._run_terms
-    texts = ["我喜欢猫和狗", "猫在睡觉", "今天天气很好"]
-    factory = sessionmaker(tables)
-    with pytest.MonkeyPatch.context() as old_release:
-        old_release.setattr(keywords, "KEYWORDS_VERSION", 2)
-        old_release.setattr(keywords, "_run_terms", older_run_terms)
-        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
-        old.install(factory)
-        with factory() as s:
-            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(texts, 1))
-            s.commit()
-        old.drain(tables, timeout=30)
-        old.uninstall(factory)
+        current = keywords._run_terms
 
-    def cats(idx: SemanticIndex) -> list[int]:
-        with factory() as s:
-            hits = Article.semantic_search(s, "猫", limit=10, mode="keyword")
-            return sorted(h.obj.id for h in hits)
+        def older_run_terms(run: str, grams: list[str], singles: list[str] | None) -> None:
+            current(run, grams, None)  # bigrams only
 
-    new = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
-    new.install(factory)
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="semantic_orm"):
-        assert cats(new) == []  # the older points hold no single characters
-        with factory() as s:  # writes go on: no drift, no rebuild
-            s.add(Article(id=9, title="t", content="一只黑猫"))
-            s.commit()
-        new.drain(tables, timeout=30)
-        assert cats(new) == [9]
-    assert any("hold keyword vectors of analyser '2'" in r.getMessage() for r in caplog.records)
-    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
-    assert state.drift == {} and state.pending_jobs == 0
-    assert state.stale_keywords == ("2", str(keywords.KEYWORDS_VERSION))
-    (found,) = reconcile(new, Article, tables, process=False)
-    assert found.changed == 3 and found.in_sync == 1  # the older points, by their analyser
+        monkeypatch.setattr(keywords, "KEYWORDS_VERSION", 2)
+        monkeypatch.setattr(keywords, "_run_terms", older_run_terms)
+
+
+_CJK_TEXTS = ["我喜欢猫和狗", "猫在睡觉", "今天天气很好"]
+
+
+def _cats(factory: sessionmaker[Any]) -> list[int]:
+    """The rows a keyword search for one character (猫) finds."""
+    with factory() as s:
+        return sorted(h.obj.id for h in Article.semantic_search(s, "猫", limit=10, mode="keyword"))
+
+
+def _embedded_during(work: Any) -> list[int]:
+    from semantic_orm import signals
 
     embedded: list[int] = []
 
@@ -223,13 +203,119 @@ def test_a_new_keyword_analysis_keeps_writes_going_and_reindex_all_rewrites_keyw
 
     signals.embedded.connect(count)
     try:
-        reindex(new, Article, tables, all_rows=True)
+        work()
     finally:
         signals.embedded.disconnect(count)
-    assert embedded == []  # keyword vectors rewritten, every dense vector reused
-    assert cats(new) == [1, 2, 9]
+    return embedded
+
+
+def test_a_new_keyword_analysis_keeps_writes_going_and_a_full_pass_rewrites_keywords_only(
+    tables: Engine, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release whose keyword analyser changed must not stop writes until a rebuild: the dense
+    vectors still fit. New rows get the new analysis at once; ``reindex --all`` or ``reconcile``
+    rewrites the older points' keyword vectors without embedding, and the new analyser is
+    recorded once every row has it (not while a row's rewrite failed)."""
+    from semantic_orm import keywords
+
+    factory = sessionmaker(tables)
+    with pytest.MonkeyPatch.context() as old_release:
+        _OlderAnalysis(old_release)
+        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+        old.install(factory)
+        with factory() as s:
+            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
+            s.commit()
+        old.drain(tables, timeout=30)
+        old.uninstall(factory)
+
+    flaky = FlakyStore(store)
+    new = SemanticIndex(store=flaky, embedder=HashEmbedder(), models=Base)
+    new.install(factory)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semantic_orm"):
+        assert _cats(factory) == []  # the older points hold no single characters
+        with factory() as s:  # writes go on: no drift, no rebuild
+            s.add(Article(id=9, title="t", content="一只黑猫"))
+            s.commit()
+        new.drain(tables, timeout=30)
+        assert _cats(factory) == [9]
+    assert any("hold keyword vectors of analyser '2'" in r.getMessage() for r in caplog.records)
+    version = str(keywords.KEYWORDS_VERSION)
+    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
+    assert state.drift == {} and state.pending_jobs == 0
+    assert state.stale_keywords == ("2", version)
+    (found,) = reconcile(new, Article, tables, process=False)
+    assert found.changed == 3 and found.in_sync == 1  # the older points, by their analyser
+
+    flaky.reject = True  # every rewrite fails: nothing may be recorded
+    assert _embedded_during(lambda: reindex(new, Article, tables, all_rows=True)) == []
+    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
+    assert state.stale_keywords == ("2", version) and state.retrying_jobs + state.dead_jobs
+    flaky.reject = False
+    (found,) = _reconcile_reports(new, tables)
+    assert found.changed == 3  # reconcile rewrote them, embedding nothing
+    assert _cats(factory) == [1, 2, 9]
     (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
     assert state.stale_keywords is None
     recorded = store.collection_info(state.collection)
-    assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)
+    assert recorded is not None and recorded["keywords"] == version
     new.uninstall(factory)
+
+
+def _reconcile_reports(idx: SemanticIndex, bind: Engine) -> list[Any]:
+    reports: list[Any] = []
+    work = lambda: reports.extend(reconcile(idx, Article, bind, restart=True))  # noqa: E731
+    assert _embedded_during(work) == []
+    return reports
+
+
+def test_a_build_left_by_the_release_before_is_finished_not_embedded_again(
+    tables: Engine, store: Any
+) -> None:
+    """``--rebuild --no-switch`` before a deployment, ``--rebuild`` after it: when the new
+    release's keyword analysis differs, the build it finds still holds every dense vector; it
+    is finished (keyword vectors rewritten, the analyser recorded), not thrown away."""
+    from semantic_orm import keywords
+    from semantic_orm.maintenance import rebuild
+
+    factory = sessionmaker(tables)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
+        s.commit()
+    with pytest.MonkeyPatch.context() as old_release:
+        _OlderAnalysis(old_release)
+        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+        (first,) = rebuild(old, Article, tables, switch=False)
+        assert first.embedded == 3
+    new = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    new.install(factory)
+    (second,) = rebuild(new, Article, tables)
+    assert second.built_in == first.built_in and second.embedded == 0 and second.switched
+    recorded = store.collection_info(second.collection)
+    assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)
+    assert _cats(factory) == [1, 2]
+    new.uninstall(factory)
+
+
+def test_a_collection_that_recorded_no_keyword_analysis_gets_it_from_a_full_pass(
+    tables: Engine,
+) -> None:
+    """Collections of a few earlier releases recorded no analyser: every later change of the
+    analysis went unseen. A full pass records it."""
+    from semantic_orm import keywords
+
+    store = MemoryStore()
+    idx = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    factory = sessionmaker(tables)
+    idx.install(factory)
+    with factory() as s:
+        s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
+        s.commit()
+    idx.drain(tables, timeout=30)
+    (state,) = [c for c in status(idx, tables) if c.column == "Article.content"]
+    store._get(state.collection).meta.pop("keywords")
+    reindex(idx, Article, tables, all_rows=True)
+    recorded = store.collection_info(state.collection)
+    assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)
+    idx.uninstall(factory)

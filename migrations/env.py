@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import engine_from_config, make_url, pool
 from sqlalchemy.engine import Connection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,9 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 if os.environ.get("DATABASE_URL"):
     # "%" is the ini interpolation character.
     config.set_main_option("sqlalchemy.url", os.environ["DATABASE_URL"].replace("%", "%%"))
+_url = make_url(config.get_main_option("sqlalchemy.url") or "sqlite://")
+if _url.get_backend_name() == "sqlite" and _url.database not in (None, "", ":memory:"):
+    Path(_url.database).parent.mkdir(parents=True, exist_ok=True)  # (./var on a fresh checkout)
 
 # The app's tables and semantic_orm's own (the sync outbox): Alembic compares against both.
 target_metadata = [Base.metadata, outbox_metadata]

@@ -40,12 +40,16 @@ Commands that embed nothing (``status``, ``requeue``, ``gc``) do not load the mo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, inspect
@@ -56,7 +60,16 @@ from . import outbox
 from .evaluation import evaluate, load_gold
 from .exc import ConfigurationError, SemanticORMError, first_line, is_database_outage
 from .index import SemanticIndex
-from .maintenance import ColumnStatus, gc, rebuild, reconcile, reindex, status, unmapped_jobs
+from .maintenance import (
+    ColumnStatus,
+    gc,
+    present_columns,
+    rebuild,
+    reconcile,
+    reindex,
+    status,
+    unmapped_jobs,
+)
 from .processing import failure_wait
 from .search import DEFAULT_MODE, SEARCH_MODES
 from .version import __version__
@@ -95,7 +108,14 @@ def _engine(index: SemanticIndex, url: str | None) -> Engine:
     the schema the models declare, another tenant's, into this tenant's collections); either
     with its dialect's blocking driver where it has an async one (:func:`_blocking`)."""
     if not url:
-        return _blocking(index.engine_for())
+        try:
+            return _blocking(index.engine_for())
+        except ConfigurationError:
+            raise ConfigurationError(
+                "the index knows no one database: pass --db URL (an index installed on "
+                "sessions that choose their engine per request, as Flask-SQLAlchemy's "
+                "db.session, or on several engines)"
+            ) from None
     try:
         engine = create_engine(url)
     except ArgumentError as exc:  # not a URL, or an unknown driver
@@ -105,6 +125,24 @@ def _engine(index: SemanticIndex, url: str | None) -> Engine:
     except ConfigurationError:  # no one engine installed: nothing to carry over
         return _blocking(engine)
     return _blocking(_with_options(engine, installed.get_execution_options()))
+
+
+def _has_tables(index: SemanticIndex, engine: Engine) -> None:
+    """Refuse a database that holds none of the tables of the index's models (the wrong
+    ``--db``, or the migrations not run): a command reported an empty table, exit 0, and
+    created the outbox there. A database that does not answer is left to the command (the
+    worker waits it out)."""
+    columns = index.columns()
+    try:
+        if not columns or present_columns(index, engine):
+            return
+    except (OperationalError, InterfaceError):
+        return
+    tables = sorted({c.column.table.fullname for c in columns})
+    raise ConfigurationError(
+        f"{engine.url.render_as_string(hide_password=True)} has none of the tables of the "
+        f"index's models ({', '.join(tables)}): the wrong --db, or the migrations not run"
+    )
 
 
 _BLOCKING_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
@@ -256,9 +294,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         index = _index(args.index)
         engine = _engine(index, args.db)
+        if args.command in ("worker", "status", "reconcile"):
+            _has_tables(index, engine)
         return int(_COMMANDS[args.command](index, engine, args) or 0)
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 143
     except ConfigurationError as exc:
         print(f"semantic-orm: {exc}", file=sys.stderr)
         return 2
@@ -278,7 +320,34 @@ def _missing_table(error: SQLAlchemyError) -> bool:
     return code == "42P01" or "no such table" in str(orig).lower()
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived (not an ``Exception``: no pass may take it for a failure of its own)."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM (``docker stop``, Kubernetes, systemd) stops the worker as Ctrl-C does, its pass
+    unwound and its finished jobs settled, with status 143: it killed the process mid-pass."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (a signal handler can only be set there)
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _worker(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
+    with _sigterm_stops():
+        return _work(index, engine, args)
+
+
+def _work(index: SemanticIndex, engine: Engine, args: argparse.Namespace) -> int:
     worker = Worker(index, engine, batch_size=args.batch, poll_interval=args.poll)
     last = time.monotonic()
     failure: BaseException | None = None

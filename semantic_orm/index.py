@@ -497,6 +497,8 @@ class SemanticIndex:
             del found
             gc.collect()
         bind = _factory_bind(target)
+        if isinstance(getattr(bind, "sync_engine", None), Engine):  # an async factory's: known
+            self.remember_engine(bind.sync_engine)  # to the tools (and the CLI) before any use
         if isinstance(bind, Engine):
             self.remember_engine(bind)
             if self.create_outbox and not bind.dialect.is_async:  # async: at first use

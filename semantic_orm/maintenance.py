@@ -54,6 +54,7 @@ __all__ = [
     "RebuildReport",
     "ReconcileReport",
     "gc",
+    "present_columns",
     "rebuild",
     "rebuild_name",
     "reconcile",
@@ -323,7 +324,7 @@ def reconcile(
         One report per column.
     """
     engine = _engine(index, bind)
-    columns = _columns(model) if model is not None else _present(index, engine)
+    columns = _columns(model) if model is not None else present_columns(index, engine)
     with engine.begin() as conn:
         index.prepare_outbox(conn)
     reports = [_reconcile(index, engine, c, batch_size, restart, progress) for c in columns]
@@ -412,8 +413,8 @@ def _reconcile(
     return ReconcileReport(col.label, resumed=resumed, **counts)
 
 
-def _present(index: SemanticIndex, engine: Engine) -> list[SemanticColumn]:
-    """The index's columns whose table this database has (a process may map others)."""
+def present_columns(index: SemanticIndex, engine: Engine) -> list[SemanticColumn]:
+    """The index's columns whose table ``engine``'s database has (a process may map others)."""
     inspector, options = inspect(engine), engine.get_execution_options()
     return [
         c
@@ -500,7 +501,7 @@ def status(
         jobs = outbox.counts(conn) if has_outbox else {}
         errors = outbox.errors(conn) if has_outbox else []
         now = dt.datetime.now(dt.UTC)
-        present = _present(index, engine)
+        present = present_columns(index, engine)
         index.reach(engine, present)
         for col in present:
             table = col.column.table
@@ -508,27 +509,30 @@ def status(
             rows = conn.execute(select(func.count()).select_from(table)).scalar_one()
             entry = jobs.get((col.table, col.name), {})
             oldest = entry.get("oldest_pending")
+            # no collection yet (nothing synced): nothing to compare, and no model to load (a
+            # model that cannot load is what a status may be run to find out)
+            built = index.store.collection_info(binding.collection) is not None
             out.append(
                 ColumnStatus(
                     column=col.label,
                     collection=binding.collection,
                     rows=int(rows),
-                    indexed_rows=sum(len(p) for p in _indexed_pages(index, binding.collection)),
+                    indexed_rows=(
+                        sum(len(p) for p in _indexed_pages(index, binding.collection))
+                        if built
+                        else 0
+                    ),
                     pending_jobs=int(entry.get("pending", 0)),
                     dead_jobs=int(entry.get("dead", 0)),
                     oldest_pending_age=None if oldest is None else (now - oldest).total_seconds(),
-                    drift=index.bindings.drift_of(binding),
+                    drift=index.bindings.drift_of(binding) if built else {},
                     retrying_jobs=int(entry.get("retrying", 0)),
                     errors=[
                         e for e in errors if (e["table"], e["column"]) == (col.table, col.name)
                     ],
-                    index_state=(
-                        index.store.index_state(binding.collection)
-                        if index.store.collection_info(binding.collection) is not None
-                        else {}
-                    ),
-                    unfilled_filters=sorted(index.bindings.untrusted(binding)),
-                    stale_keywords=index.bindings.stale_keywords(binding),
+                    index_state=index.store.index_state(binding.collection) if built else {},
+                    unfilled_filters=sorted(index.bindings.untrusted(binding)) if built else [],
+                    stale_keywords=index.bindings.stale_keywords(binding) if built else None,
                 )
             )
     return out

@@ -148,9 +148,10 @@ def test_version_and_one_line_errors(app: Any, capsys: pytest.CaptureFixture[str
 
 
 def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) -> None:
-    """The README says an async URL works for ``--db`` (and the index's engine is an async
-    one once a transaction ran): the commands, which block, failed on SQLAlchemy's
-    MissingGreenlet."""
+    """The README says an async URL works for ``--db``, and an index installed on an async
+    factory needs none: the commands, which block, failed on SQLAlchemy's MissingGreenlet,
+    and before the application's first transaction they found no engine at all (the README's
+    FastAPI stack: ``semantic-orm worker myapp.search:index`` asked for the Engine)."""
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
     from semantic_orm import SemanticIndex
@@ -162,7 +163,6 @@ def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) 
     factory = async_sessionmaker(create_async_engine(url))
     index.install(factory)
     try:
-        index.remember_engine(factory.kw["bind"].sync_engine)  # (as its first transaction does)
         for given in (_engine(index, None), _engine(index, url)):
             assert given.url.drivername == "sqlite" and not given.dialect.is_async
             assert given.url.database == str(tmp_path / "app.sqlite3")
@@ -170,6 +170,25 @@ def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) 
                 assert conn.exec_driver_sql("select 1").scalar() == 1
     finally:
         index.uninstall(factory)
+
+
+def test_an_index_whose_sessions_choose_their_engine_asks_for_a_database_url() -> None:
+    """Flask-SQLAlchemy's ``db.session`` picks its engine per request, inside an application
+    context: a command cannot know it, and must say what to pass."""
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    from semantic_orm import ConfigurationError, SemanticIndex
+    from semantic_orm.cli import _engine
+    from semantic_orm.testing import HashEmbedder, MemoryStore
+
+    index = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    session = scoped_session(sessionmaker())
+    index.install(session)
+    try:
+        with pytest.raises(ConfigurationError, match="pass --db URL"):
+            _engine(index, None)
+    finally:
+        index.uninstall(session)
 
 
 def test_a_database_url_keeps_the_installed_engines_schema_translation(tmp_path: Path) -> None:
@@ -215,6 +234,13 @@ def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: A
         last = err.strip().splitlines()[-1]  # after the progress bar's line
         assert code == 2 and last.startswith("semantic-orm: database error:")  # (a setting)
         assert "article" in last and "Traceback" not in err
+        # a database with none of the models' tables (the wrong --db, the migrations not
+        # run): status, reconcile and the worker reported nothing and exited 0
+        for argv in (["status"], ["reconcile"], ["worker", "--once"]):
+            assert cli_main([argv[0], "tests.cli_app:index", *argv[1:]]) == 2, argv
+            err = capsys.readouterr().err
+            assert "has none of the tables of the index's models" in err, (argv, err)
+            assert "article" in err and "the migrations not run" in err
     finally:
         unload_cli_app(module)
 
@@ -390,6 +416,9 @@ def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_pat
             cwd=root,
             stderr=subprocess.PIPE,
             text=True,
+            # SIGINT as a terminal delivers it: a suite run in the background (``pytest &``)
+            # ignores it, and so would its children, Python's Ctrl-C handler not installed
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         assert service.stderr is not None
         # the import installs the index (the outbox left for later, with a warning), then
@@ -413,7 +442,7 @@ def test_the_worker_service_waits_out_a_failing_database(tables: Engine, tmp_pat
         service.send_signal(signal.SIGINT)
         try:
             service.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # (once, under load): where each thread waits
+        except subprocess.TimeoutExpired:  # where each thread waits
             service.send_signal(signal.SIGABRT)  # faulthandler prints their stacks
             service.wait(timeout=30)
             reader.join(timeout=30)
@@ -566,3 +595,55 @@ def test_status_table_says_what_each_refresh_and_drift_needs(
     assert "filter_by tenant: not in every payload yet" in out
     assert "keywords: points of analyser '2', this version writes '3'; reindex --all" in out
     assert json.loads(json.dumps(state.as_dict()))["stale_keywords"] == ["2", "3"]
+
+
+def test_sigterm_stops_the_worker_service_as_ctrl_c_does(tables: Engine, tmp_path: Path) -> None:
+    """``docker stop`` and Kubernetes send SIGTERM: it killed the worker wherever it was
+    (status -15, mid-pass, no exit handler). It stops as Ctrl-C does, with status 143."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from sqlalchemy import insert
+
+    from semantic_orm import outbox
+
+    from .helpers import pending
+
+    env = {
+        **os.environ,
+        "SEMANTIC_ORM_TEST_DB": tables.url.render_as_string(False),
+        "SEMANTIC_ORM_TEST_VECTORS": str(tmp_path / "worker-vectors"),
+    }
+    with tables.begin() as conn:
+        outbox.create_tables(conn)
+        conn.execute(insert(Article), [{"id": 1, "title": "t", "content": doc_text(1)}])
+        outbox.enqueue(conn, [("article", "content", "1")])
+    service = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "semantic_orm.cli", "worker", "tests.cli_app:index"),
+            *("--poll", "0.05", "--interval", "0.1"),
+        ],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert service.stderr is not None
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(service.stderr.readline, "")))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any("1 jobs done" in line for line in list(seen)):
+            assert time.monotonic() < deadline and service.poll() is None, seen
+            time.sleep(0.05)
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=60)
+    finally:
+        service.kill()
+        reader.join(timeout=60)
+    assert service.returncode == 143, "".join(seen)
+    assert "Traceback" not in "".join(seen) and pending(tables) == []

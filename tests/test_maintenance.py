@@ -319,3 +319,23 @@ def test_a_collection_that_recorded_no_keyword_analysis_gets_it_from_a_full_pass
     recorded = store.collection_info(state.collection)
     assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)
     idx.uninstall(factory)
+
+
+def test_status_loads_no_model_for_a_column_not_synced_yet(tables: Engine) -> None:
+    """``status`` is what an operator runs when the model does not load (a name the machine
+    does not have): for a column with no collection yet it compared the declared settings,
+    which loaded the model, and failed instead of reporting."""
+    from semantic_orm import EmbeddingError
+
+    class Unloadable(HashEmbedder):
+        @property
+        def dimension(self) -> int:
+            raise EmbeddingError("could not load embedding model 'no/such-model'")
+
+    factory = sessionmaker(tables)
+    with factory() as s:
+        s.add(Article(id=1, title="t", content="a row saved before the index"))
+        s.commit()
+    idx = SemanticIndex(store=MemoryStore(), embedder=Unloadable(), models=Base)
+    (state,) = [c for c in status(idx, tables) if c.column == "Article.content"]
+    assert (state.rows, state.indexed_rows, state.drift, state.stale_keywords) == (1, 0, {}, None)

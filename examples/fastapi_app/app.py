@@ -56,8 +56,10 @@ class Article(SemanticSearchMixin, Base):
     body: Mapped[str | None] = mapped_column(SemanticText())
 
 
+if not os.environ.get("DATABASE_URL"):
+    os.makedirs("var", exist_ok=True)  # the default database's folder (a fresh checkout has none)
 engine = create_async_engine(
-    os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///./var/fastapi.sqlite3")
+    os.environ.get("DATABASE_URL") or "sqlite+aiosqlite:///./var/fastapi.sqlite3"
 )
 Session = async_sessionmaker(engine, expire_on_commit=False)
 store = (

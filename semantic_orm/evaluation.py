@@ -28,9 +28,11 @@ was retrieved instead.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -40,7 +42,7 @@ from sqlalchemy.orm import Session
 from .embedding import encode_queries
 from .exc import ConfigurationError
 from .index import index_for
-from .mapping import instance_key, row_key
+from .mapping import instance_key, key_values, row_key
 from .search import DEFAULT_MODE, SearchHit, SearchMode, SearchOptions, pick_column, semantic_search
 
 __all__ = [
@@ -50,6 +52,8 @@ __all__ = [
     "evaluate",
     "load_gold",
 ]
+
+log = logging.getLogger("semantic_orm")
 
 _NDCG_DEPTH = 10
 _ENCODE_BATCH = 256
@@ -195,7 +199,7 @@ class EvalReport:
         return "\n".join(lines)
 
 
-def load_gold(path: str | Path) -> list[GoldItem]:
+def load_gold(path: str | PathLike[str]) -> list[GoldItem]:
     """Read a JSON-lines gold file (blank lines are skipped).
 
     Raises:
@@ -219,6 +223,41 @@ def load_gold(path: str | Path) -> list[GoldItem]:
     return items
 
 
+def _check_gold(
+    session: Session, model: type[Any], column: str | None, items: list[GoldItem]
+) -> None:
+    """Warn of gold questions no ranking can get right: their row is not in the table (a gold
+    set made for another database), or their span ends past the row's text."""
+    mapper = inspect(model)
+    attribute = pick_column(mapper, column).key
+    ends: dict[str, int] = {}
+    for item in items:
+        ends[item.key] = max(ends.get(item.key, 0), item.span[1] if item.span else 0)
+    missing: list[str] = []
+    outside: list[str] = []
+    for key, end in ends.items():
+        try:
+            obj = session.get(model, key_values(mapper, key))
+        except (TypeError, ValueError, LookupError):  # a key of another shape: no such row
+            obj = None
+        if obj is None:
+            missing.append(key)
+        elif end > len(getattr(obj, attribute) or ""):
+            outside.append(key)
+    for keys, what in (
+        (missing, f"rows {model.__name__} does not have"),
+        (outside, "a span past the end of their row's text"),
+    ):
+        if keys:
+            log.warning(
+                "semantic_orm: evaluate: the gold questions of %d row(s) name %s (e.g. pk %s); "
+                "they count as misses",
+                len(keys),
+                what,
+                keys[0],
+            )
+
+
 def _hit_key(hit: SearchHit[Any]) -> str:
     return instance_key(inspect(type(hit.obj)), hit.obj)
 
@@ -232,7 +271,7 @@ def _covers(start: int, end: int, span: tuple[int, int], lenient: bool) -> bool:
 def evaluate(
     session: Session,
     model: type[Any],
-    gold: Iterable[GoldItem | Mapping[str, Any]],
+    gold: Iterable[GoldItem | Mapping[str, Any]] | str | PathLike[str],
     *,
     k: int = 5,
     lenient: bool = False,
@@ -243,7 +282,10 @@ def evaluate(
     Args:
         session: Session to search with (its installed index, unless ``index`` is given).
         model: The mapped class the gold ``pk`` values belong to.
-        gold: :class:`GoldItem` values or ``{"question", "pk", "span"}`` mappings.
+        gold: :class:`GoldItem` values or ``{"question", "pk", "span"}`` mappings, or the
+            path of a JSON-lines file of them (:func:`load_gold`). Questions naming a row the
+            table does not have, or a span past the end of its text, count as misses, with a
+            warning.
         k: Cut-off for Recall@k and MRR@k.
         lenient: Count a passage overlapping or adjacent to the span as a span hit.
         **options: Search options, as for :func:`~semantic_orm.search.semantic_search`
@@ -265,9 +307,12 @@ def evaluate(
     column = options.get("column")
     if k <= 0:
         raise ConfigurationError(f"evaluate k must be > 0, got {k}")
+    if isinstance(gold, (str, PathLike)):
+        gold = load_gold(gold)
     items = [g if isinstance(g, GoldItem) else GoldItem.from_dict(g) for g in gold]
     if not items:
         raise ConfigurationError("evaluate needs at least one gold question")
+    _check_gold(session, model, column.get(model) if isinstance(column, Mapping) else column, items)
     depth = max(k, _NDCG_DEPTH)
     vectors: list[Any] = [None] * len(items)
     if mode != "keyword":

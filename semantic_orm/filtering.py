@@ -46,6 +46,7 @@ from sqlalchemy.sql.elements import (
     True_,
     UnaryExpression,
 )
+from sqlalchemy.sql.functions import FunctionElement
 
 from .exc import ConfigurationError
 from .mapping import SemanticColumn
@@ -323,7 +324,8 @@ def _field(
     if isinstance(base, Column):
         missing.append(str(base.key))
         raise _Unsupported(str(base.key))
-    raise _Unsupported(type(expr).__name__)
+    name = getattr(expr, "name", None) if isinstance(expr, FunctionElement) else None
+    raise _Unsupported(f"the SQL function {name}()" if name else type(expr).__name__)
 
 
 def _literal(expr: Any) -> Any:
@@ -363,10 +365,15 @@ def _binary(
     try:
         field = _field(left, by_column, missing, trusted)
         value_expr = right
-    except _Unsupported:
+    except _Unsupported as on_the_left:
         if missing:
             raise
-        field = _field(right, by_column, missing, trusted)  # ``5 < Doc.n``
+        try:
+            field = _field(right, by_column, missing, trusted)  # ``5 < Doc.n``
+        except _Unsupported:
+            if missing:
+                raise
+            raise on_the_left from None  # (what the left side is: ``func.length(...) > 3``)
         value_expr = left
         op = {
             operators.lt: operators.gt,

@@ -77,6 +77,7 @@ def fixed_rankings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]
         return RANKINGS[(query, kw.get("group_by", "row"))][: kw["limit"]]
 
     monkeypatch.setattr(evaluation, "semantic_search", fake)
+    monkeypatch.setattr(evaluation, "_check_gold", lambda *args: None)  # (no session, no rows)
     return calls
 
 
@@ -210,9 +211,28 @@ def test_cli_eval_prints_table_and_json(
     unload_cli_app(app)
 
 
-def test_evaluate_on_the_session_index(Session: sessionmaker[OrmSession]) -> None:
+def test_evaluate_on_the_session_index(
+    Session: sessionmaker[OrmSession], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with Session() as s:
         s.add_all(Article(id=i + 1, title=f"p{i}", content=t) for i, t in enumerate(CATALOGUE))
         s.commit()
         report = evaluate(s, Article, [GoldItem("KV-2881 blender", 6, (0, 12))], k=3)
         assert report.recall_row == 1.0 and report.recall_span == 1.0
+        # the README's call with a gold file's path (it failed on a str's missing .get())
+        gold = tmp_path / "gold.jsonl"
+        gold.write_text('{"question": "KV-2881 blender", "pk": 6, "span": [0, 12]}\n')
+        assert evaluate(s, Article, str(gold), k=3).recall_span == 1.0
+        assert evaluate(s, Article, gold, k=3).recall_span == 1.0
+        # questions no ranking can get right are counted as misses, with a warning each
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="semantic_orm"):
+            broken = [
+                {"question": "KV-2881 blender", "pk": 999},
+                {"question": "KV-2881 blender", "pk": 6, "span": [0, 10_000]},
+            ]
+            report = evaluate(s, Article, broken, k=3)
+        assert report.recall_row == 0.5 and report.recall_span == 0.0
+        said = [r.getMessage() for r in caplog.records]
+        assert any("rows Article does not have (e.g. pk 999)" in m for m in said), said
+        assert any("a span past the end of their row's text (e.g. pk 6)" in m for m in said)

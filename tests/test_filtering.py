@@ -297,6 +297,10 @@ def test_where_outside_filter_by_falls_back_to_sql_and_says_so(
     fields = filter_fields(semantic_columns(Post.__mapper__)[0])
     flt, why = compile_where(Post.other == 1, fields)
     assert flt is None and "other" in why and "filter_by" in why
+    # a function of a column is named, on either side (the log said "BindParameter")
+    for where in (func.length(Post.body) > 30, 30 < func.length(Post.body)):
+        flt, why = compile_where(where, fields)
+        assert flt is None and "the SQL function length()" in why, why
     monkeypatch.setattr("semantic_orm.search.SCAN_WARNING_ROWS", 10)
     with factory() as s:
         rare = s.scalars(select(Post.id).where(Post.other == 1, Post.id < 5)).all()

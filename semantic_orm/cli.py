@@ -34,7 +34,11 @@ line for each failed pass, the wait doubling from ``--poll`` up to 30 s, then on
 wait mends (a wrong path, database name or password, a missing table) stops it with status 1,
 as ``--once``, unless a pass already worked (the settings are right: then it waits that out
 too, but for a table missing on PostgreSQL, a ``ProgrammingError``, which always stops it).
-Commands that embed nothing (``status``, ``requeue``, ``gc``) do not load the model.
+A database with none of the tables of the index's models (the wrong ``--db``, the migrations
+not run) stops ``status``, ``reconcile`` and ``worker --once`` with status 2; the service says
+so and waits for them (an application may make them at its start). The service stops on Ctrl-C
+(status 130) and SIGTERM (143) alike. Commands that embed nothing (``status``, ``requeue``,
+``gc``) do not load the model.
 """
 
 from __future__ import annotations
@@ -109,13 +113,17 @@ def _engine(index: SemanticIndex, url: str | None) -> Engine:
     with its dialect's blocking driver where it has an async one (:func:`_blocking`)."""
     if not url:
         try:
-            return _blocking(index.engine_for())
+            known = index.engine_for()
         except ConfigurationError:
-            raise ConfigurationError(
-                "the index knows no one database: pass --db URL (an index installed on "
-                "sessions that choose their engine per request, as Flask-SQLAlchemy's "
-                "db.session, or on several engines)"
-            ) from None
+            found = index.async_engine_for()  # installed on an async factory, unused yet
+            if found is None:
+                raise ConfigurationError(
+                    "the index knows no one database: pass --db URL (an index installed on "
+                    "sessions that choose their engine per request, as Flask-SQLAlchemy's "
+                    "db.session, or on several engines)"
+                ) from None
+            known = found
+        return _blocking(known)
     try:
         engine = create_engine(url)
     except ArgumentError as exc:  # not a URL, or an unknown driver
@@ -294,8 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         index = _index(args.index)
         engine = _engine(index, args.db)
-        if args.command in ("worker", "status", "reconcile"):
+        if args.command in ("status", "reconcile") or (args.command == "worker" and args.once):
             _has_tables(index, engine)
+        elif args.command == "worker":
+            try:  # a service may start before the application made its tables: it waits
+                _has_tables(index, engine)
+            except ConfigurationError as exc:
+                print(f"semantic-orm worker: {exc}; waiting for them", file=sys.stderr)
         return int(_COMMANDS[args.command](index, engine, args) or 0)
     except KeyboardInterrupt:
         return 130
@@ -327,9 +340,13 @@ class _Terminated(BaseException):
 @contextlib.contextmanager
 def _sigterm_stops() -> Iterator[None]:
     """SIGTERM (``docker stop``, Kubernetes, systemd) stops the worker as Ctrl-C does, its pass
-    unwound and its finished jobs settled, with status 143: it killed the process mid-pass."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # (a signal handler can only be set there)
+    unwound and its finished jobs settled, with status 143: it killed the process mid-pass.
+    Where SIGTERM is ignored, or handled by the program that runs the command, it stays so."""
+    if (
+        threading.current_thread() is not threading.main_thread()  # (only there)
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # ignored, or a program's
+    ):
+        yield
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from .embedding import encode_queries
 from .exc import ConfigurationError
 from .index import index_for
-from .mapping import instance_key, key_values, row_key
+from .mapping import instance_key, row_key, typed_key_values
 from .search import DEFAULT_MODE, SearchHit, SearchMode, SearchOptions, pick_column, semantic_search
 
 __all__ = [
@@ -225,37 +225,40 @@ def load_gold(path: str | PathLike[str]) -> list[GoldItem]:
 
 def _check_gold(
     session: Session, model: type[Any], column: str | None, items: list[GoldItem]
-) -> None:
-    """Warn of gold questions no ranking can get right: their row is not in the table (a gold
-    set made for another database), or their span ends past the row's text."""
+) -> dict[str, str]:
+    """The row key search results give each gold item's row (a gold ``pk`` of ``"1"`` names
+    the row of integer key 1); warn of questions no ranking can get right: their row is not in
+    the table (a gold set made for another database), or their span ends past its text."""
     mapper = inspect(model)
     attribute = pick_column(mapper, column).key
     ends: dict[str, int] = {}
     for item in items:
         ends[item.key] = max(ends.get(item.key, 0), item.span[1] if item.span else 0)
+    keys: dict[str, str] = {}
     missing: list[str] = []
     outside: list[str] = []
     for key, end in ends.items():
-        try:
-            obj = session.get(model, key_values(mapper, key))
-        except (TypeError, ValueError, LookupError):  # a key of another shape: no such row
-            obj = None
-        if obj is None:
+        values = typed_key_values(mapper, key)
+        obj = None if values is None else session.get(model, values)
+        if values is None or obj is None:
             missing.append(key)
-        elif end > len(getattr(obj, attribute) or ""):
+            continue
+        keys[key] = row_key(values)
+        if end > len(getattr(obj, attribute) or ""):
             outside.append(key)
-    for keys, what in (
+    for found, what in (
         (missing, f"rows {model.__name__} does not have"),
         (outside, "a span past the end of their row's text"),
     ):
-        if keys:
+        if found:
             log.warning(
                 "semantic_orm: evaluate: the gold questions of %d row(s) name %s (e.g. pk %s); "
                 "they count as misses",
-                len(keys),
+                len(found),
                 what,
-                keys[0],
+                found[0],
             )
+    return keys
 
 
 def _hit_key(hit: SearchHit[Any]) -> str:
@@ -312,7 +315,9 @@ def evaluate(
     items = [g if isinstance(g, GoldItem) else GoldItem.from_dict(g) for g in gold]
     if not items:
         raise ConfigurationError("evaluate needs at least one gold question")
-    _check_gold(session, model, column.get(model) if isinstance(column, Mapping) else column, items)
+    keys = _check_gold(
+        session, model, column.get(model) if isinstance(column, Mapping) else column, items
+    )
     depth = max(k, _NDCG_DEPTH)
     vectors: list[Any] = [None] * len(items)
     if mode != "keyword":
@@ -329,7 +334,7 @@ def evaluate(
                 )
     results: list[QuestionResult] = []
     for item, vector in zip(items, vectors, strict=True):
-        key = item.key
+        key = keys.get(item.key, item.key)
         search: SearchOptions = {**options, "limit": depth, "query_vector": vector}
         rows = semantic_search(session, model, item.question, **search)
         row_keys = [_hit_key(h) for h in rows]

@@ -425,6 +425,7 @@ class SemanticIndex:
         self._models = models
         self._discovered = False
         self._engines: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
+        self._async_binds: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
         self._remembered: weakref.WeakSet[Engine] = weakref.WeakSet()  # (URLs rendered once)
         self._outbox_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._looked: weakref.WeakSet[Engine] = weakref.WeakSet()  # (see _first_look)
@@ -497,8 +498,9 @@ class SemanticIndex:
             del found
             gc.collect()
         bind = _factory_bind(target)
-        if isinstance(getattr(bind, "sync_engine", None), Engine):  # an async factory's: known
-            self.remember_engine(bind.sync_engine)  # to the tools (and the CLI) before any use
+        if isinstance(getattr(bind, "sync_engine", None), Engine):  # an async factory's (for
+            # the commands, before any transaction: see async_engine_for)
+            self._async_binds.setdefault(_url_of(bind.sync_engine), bind.sync_engine)
         if isinstance(bind, Engine):
             self.remember_engine(bind)
             if self.create_outbox and not bind.dialect.is_async:  # async: at first use
@@ -658,7 +660,7 @@ class SemanticIndex:
         """Remember an engine whose sessions write jobs (for :meth:`drain` without arguments)."""
         if engine not in self._remembered:  # every transaction calls this: render the URL once
             self._remembered.add(engine)
-            self._engines.setdefault(engine.url.render_as_string(hide_password=True), engine)
+            self._engines.setdefault(_url_of(engine), engine)
 
     def engine_for(self, bind: Engine | sessionmaker[Any] | Any = None) -> Engine:
         """The engine whose outbox to process: ``bind``'s, or the one installed sessions use.
@@ -684,6 +686,13 @@ class SemanticIndex:
         if len(self._engines) == 1:
             return next(iter(self._engines.values()))
         raise ConfigurationError("pass the Engine (or sessionmaker) whose outbox to process")
+
+    def async_engine_for(self) -> Engine | None:
+        """The engine of the one async factory this index is installed on (its sync face), for
+        a tool with no engine of its own to use (:meth:`engine_for` knows only the engines
+        that wrote: an async one once a transaction ran); ``None`` if none or several."""
+        found = list(self._async_binds.values())
+        return found[0] if len(found) == 1 else None
 
     def gate_for(self, engine: Engine) -> WriteGate | None:
         """The write gate of a SQLite engine (``None`` for other databases)."""
@@ -1159,6 +1168,11 @@ def _own_sqlite_transaction(conn: Connection, work: Callable[[Connection], None]
 def _shared_pool(engine: Engine) -> bool:
     """Whether ``engine``'s pool hands callers the same driver connection (SQLite in memory)."""
     return isinstance(engine.pool, (StaticPool, SingletonThreadPool))
+
+
+def _url_of(engine: Engine) -> str:
+    """``engine``'s URL as the index keys its engines (no password)."""
+    return engine.url.render_as_string(hide_password=True)
 
 
 def _factory_bind(target: Any, *, ask: bool = False) -> Any:

@@ -153,13 +153,16 @@ def _indexed_pages(index: SemanticIndex, collection: str) -> Iterator[list[Point
             return
 
 
-def _record_refreshed(index: SemanticIndex, binding: ColumnBinding, collection: str) -> None:
+def _record_refreshed(
+    index: SemanticIndex, engine: Engine, binding: ColumnBinding, collection: str
+) -> None:
     """Record with ``collection`` the filter fields and the keyword analyser ``binding``
-    declares, if every row's points now carry them (after ``reindex --all``, a ``reconcile``
-    pass or a build): where= then filters on those fields in the store, and the keyword
-    warning ends. Each row's first chunk is looked at (a sync writes all of a row's chunks
-    with the same payload fields and analysis); a row whose job failed, or waits behind
-    drift, keeps the collection as it is recorded."""
+    declares, if the points of every row of the table now carry them (after ``reindex --all``,
+    a ``reconcile`` pass or a build): where= then filters on those fields in the store, and the
+    keyword warning ends. Each row's first chunk is looked at (a sync writes all of a row's
+    chunks with the same payload fields and analysis); points of rows the table no longer has
+    do not count (``reconcile`` removes them); a row whose job failed, or waits behind drift,
+    keeps the collection as it is recorded, with a warning."""
     recorded = index.store.collection_info(collection)
     if recorded is None:
         return
@@ -169,27 +172,34 @@ def _record_refreshed(index: SemanticIndex, binding: ColumnBinding, collection: 
     if not unfilled and not stale:
         return
     for page in _indexed_pages(index, collection):
-        for point in page:
-            unfilled_here = bool(unfilled) and not unfilled <= point.fields.keys()
-            stale_here = stale and point.analyzer != analyser
-            if unfilled_here or stale_here:
-                log.info(
-                    "semantic_orm: %s: row %s still has points of the earlier %s; %r is "
-                    "recorded as it was",
-                    binding.label,
-                    point.pk,
-                    "filter fields" if unfilled_here else "keyword analysis",
-                    collection,
-                )
-                return
+        behind = {
+            point.pk: "filter fields" if not unfilled <= point.fields.keys() else "analysis"
+            for point in page
+            if (unfilled and not unfilled <= point.fields.keys())
+            or (stale and point.analyzer != analyser)
+        }
+        if not behind:
+            continue
+        with engine.connect() as conn:
+            rows = read_values(conn, binding.column, sorted(behind))
+        if rows:
+            key = min(rows)
+            log.warning(
+                "semantic_orm: %s: row %s still has points of the earlier %s (its sync failed "
+                "or waits); %r is recorded as it was until a later pass syncs it",
+                binding.label,
+                key,
+                "filter fields" if behind[key] == "filter fields" else "keyword analysis",
+                collection,
+            )
+            return
     changes: dict[str, Any] = {}
     if unfilled:
         changes["filter_by"] = describe(binding.fields)
     if stale:
         changes["keywords"] = analyser
-    if changes:
-        index.store.update_metadata(collection, changes)
-        index.bindings.forget(binding)
+    index.store.update_metadata(collection, changes)
+    index.bindings.forget(binding)
 
 
 def _drain(index: SemanticIndex, engine: Engine, queued: int, label: str, progress: Any) -> None:
@@ -255,7 +265,7 @@ def reindex(
     for col in columns:
         binding = index.binding_for(col)
         if all_rows and process:
-            _record_refreshed(index, binding, binding.collection)
+            _record_refreshed(index, engine, binding, binding.collection)
         if process and index.store.collection_info(binding.collection) is not None:
             index.store.optimize(binding.collection)  # build the vector index once, now
     return queued
@@ -334,7 +344,7 @@ def reconcile(
     if process:  # rows of another analysis or without the new filter fields were synced
         for col in columns:
             binding = index.binding_for(col)
-            _record_refreshed(index, binding, binding.collection)
+            _record_refreshed(index, engine, binding, binding.collection)
     return reports
 
 
@@ -664,7 +674,7 @@ def rebuild(
                 reused += report.reused
                 rows += len(part)
                 bar.update(len(part))
-        _record_refreshed(index, build, target)  # (a build left by an earlier release)
+        _record_refreshed(index, engine, build, target)  # (a build left by an earlier release)
         index.store.optimize(target)  # the new collection answers from a built index
         if switch:
             _switch(index, engine, binding, target)

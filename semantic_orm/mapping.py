@@ -175,6 +175,20 @@ def _pk_types(mapper: Mapper[Any]) -> tuple[type | None, ...]:
     return found
 
 
+def typed_key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...] | None:
+    """:func:`key_values`, or ``None`` where ``key`` is no primary key of ``mapper``'s table (a
+    value its column's type cannot hold, or another number of values): a key from outside, such
+    as a gold set's, that a query would send to the database only to fail there."""
+    try:
+        values = key_values(mapper, key)
+    except (TypeError, ValueError):  # not JSON, or another number of values
+        return None
+    for python_type, value in zip(_pk_types(mapper), values, strict=True):
+        if python_type is not None and value is not None and not isinstance(value, python_type):
+            return None
+    return values
+
+
 def key_values(mapper: Mapper[Any], key: str) -> tuple[Any, ...]:
     """Primary key values for a :func:`row_key`, coerced to the columns' Python types."""
     types = _pk_types(mapper)

@@ -172,6 +172,37 @@ def test_an_async_database_url_is_used_with_its_blocking_driver(tmp_path: Path) 
         index.uninstall(factory)
 
 
+def test_an_async_factory_beside_a_blocking_one_leaves_the_blocking_engine_the_default(
+    tmp_path: Path,
+) -> None:
+    """An application that installs one database through an async factory and a blocking
+    one (an API and its scripts): ``drain()`` and the commands use the blocking engine, as
+    they did before the async factory's engine was known at install."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from semantic_orm import SemanticIndex
+    from semantic_orm.cli import _engine
+    from semantic_orm.testing import HashEmbedder, MemoryStore
+
+    path = tmp_path / "app.sqlite3"
+    index = SemanticIndex(store=MemoryStore(), embedder=HashEmbedder())
+    factories = [
+        async_sessionmaker(create_async_engine(f"sqlite+aiosqlite:///{path}")),
+        sessionmaker(create_engine(f"sqlite:///{path}")),
+    ]
+    for factory in factories:
+        index.install(factory)
+    try:
+        blocking = factories[1].kw["bind"]
+        assert index.engine_for() is blocking and _engine(index, None) is blocking
+        assert index.drain().claimed == 0  # (it found an engine: no job yet)
+    finally:
+        for factory in factories:
+            index.uninstall(factory)
+
+
 def test_an_index_whose_sessions_choose_their_engine_asks_for_a_database_url() -> None:
     """Flask-SQLAlchemy's ``db.session`` picks its engine per request, inside an application
     context: a command cannot know it, and must say what to pass."""
@@ -241,6 +272,14 @@ def test_a_missing_table_is_one_line(tmp_path: Path, monkeypatch: Any, capsys: A
             err = capsys.readouterr().err
             assert "has none of the tables of the index's models" in err, (argv, err)
             assert "article" in err and "the migrations not run" in err
+        # the service waits for them instead (an application may make them at its start)
+
+        def stop(waits: list[float]) -> None:
+            raise KeyboardInterrupt
+
+        assert _service([], monkeypatch, stop) == 130
+        err = capsys.readouterr().err
+        assert "has none of the tables of the index's models" in err and "waiting for them" in err
     finally:
         unload_cli_app(module)
 
@@ -647,3 +686,39 @@ def test_sigterm_stops_the_worker_service_as_ctrl_c_does(tables: Engine, tmp_pat
         reader.join(timeout=60)
     assert service.returncode == 143, "".join(seen)
     assert "Traceback" not in "".join(seen) and pending(tables) == []
+
+
+def test_the_worker_leaves_sigterm_to_a_program_that_handles_it(
+    tables: Engine, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A program that runs the worker command (``cli.main([...])``) with a SIGTERM handler of
+    its own keeps it: the command replaced it with its own."""
+    import signal
+
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_DB", tables.url.render_as_string(hide_password=False))
+    monkeypatch.setenv("SEMANTIC_ORM_TEST_VECTORS", str(tmp_path / "v"))
+    sys.modules.pop("tests.cli_app", None)
+    import importlib
+
+    module = importlib.import_module("tests.cli_app")
+    seen: list[Any] = []
+
+    def own(signum: int, frame: Any) -> None:  # (never called: the handler is only looked at)
+        pass
+
+    def look(waits: list[float]) -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        assert _service([], monkeypatch, look) == 130
+        assert seen == [own]
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        seen.clear()
+        assert _service([], monkeypatch, look) == 130
+        assert seen and seen[0] is not signal.SIG_DFL  # the command's, while it runs
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and given back after
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        unload_cli_app(module)

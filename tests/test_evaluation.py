@@ -77,7 +77,7 @@ def fixed_rankings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]
         return RANKINGS[(query, kw.get("group_by", "row"))][: kw["limit"]]
 
     monkeypatch.setattr(evaluation, "semantic_search", fake)
-    monkeypatch.setattr(evaluation, "_check_gold", lambda *args: None)  # (no session, no rows)
+    monkeypatch.setattr(evaluation, "_check_gold", lambda *args: {})  # (no session, no rows)
     return calls
 
 
@@ -230,9 +230,14 @@ def test_evaluate_on_the_session_index(
             broken = [
                 {"question": "KV-2881 blender", "pk": 999},
                 {"question": "KV-2881 blender", "pk": 6, "span": [0, 10_000]},
+                # no integer: never sent to the database (PostgreSQL refused it, and the
+                # session's transaction with it)
+                {"question": "KV-2881 blender", "pk": "row-17"},
             ]
             report = evaluate(s, Article, broken, k=3)
-        assert report.recall_row == 0.5 and report.recall_span == 0.0
+        assert report.recall_row == pytest.approx(1 / 3) and report.recall_span == 0.0
         said = [r.getMessage() for r in caplog.records]
-        assert any("rows Article does not have (e.g. pk 999)" in m for m in said), said
+        assert any("2 row(s) name rows Article does not have (e.g. pk 999)" in m for m in said)
         assert any("a span past the end of their row's text (e.g. pk 6)" in m for m in said)
+        # a key written as a string names the row all the same
+        assert evaluate(s, Article, [{"question": "KV-2881 blender", "pk": "6"}]).recall_row == 1

@@ -249,7 +249,12 @@ def test_a_new_keyword_analysis_keeps_writes_going_and_a_full_pass_rewrites_keyw
     assert found.changed == 3 and found.in_sync == 1  # the older points, by their analyser
 
     flaky.reject = True  # every rewrite fails: nothing may be recorded
-    assert _embedded_during(lambda: reindex(new, Article, tables, all_rows=True)) == []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semantic_orm"):
+        assert _embedded_during(lambda: reindex(new, Article, tables, all_rows=True)) == []
+    assert any(
+        "still has points of the earlier keyword analysis" in r.getMessage() for r in caplog.records
+    )
     (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
     assert state.stale_keywords == ("2", version) and state.retrying_jobs + state.dead_jobs
     flaky.reject = False
@@ -339,3 +344,31 @@ def test_status_loads_no_model_for_a_column_not_synced_yet(tables: Engine) -> No
     idx = SemanticIndex(store=MemoryStore(), embedder=Unloadable(), models=Base)
     (state,) = [c for c in status(idx, tables) if c.column == "Article.content"]
     assert (state.rows, state.indexed_rows, state.drift, state.stale_keywords) == (1, 0, {}, None)
+
+
+def test_points_of_rows_deleted_by_raw_sql_do_not_keep_the_analysis_unrecorded(
+    tables: Engine, store: Any
+) -> None:
+    """A row deleted by SQL no session saw leaves its points until ``reconcile``: they must
+    not keep ``reindex --all`` from recording the new analysis (it never could: each pass
+    asked for another)."""
+    from semantic_orm import keywords
+
+    factory = sessionmaker(tables)
+    with pytest.MonkeyPatch.context() as old_release:
+        _OlderAnalysis(old_release)
+        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+        old.install(factory)
+        with factory() as s:
+            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
+            s.commit()
+        old.drain(tables, timeout=30)
+        old.uninstall(factory)
+    with tables.begin() as conn:
+        conn.execute(text("DELETE FROM article WHERE id = 3"))  # its points stay
+    new = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+    reindex(new, Article, tables, all_rows=True)
+    (state,) = [c for c in status(new, tables) if c.column == "Article.content"]
+    assert state.stale_keywords is None and state.indexed_rows == 3  # (the orphan's too)
+    recorded = store.collection_info(state.collection)
+    assert recorded is not None and recorded["keywords"] == str(keywords.KEYWORDS_VERSION)

@@ -324,8 +324,13 @@ def _field(
     if isinstance(base, Column):
         missing.append(str(base.key))
         raise _Unsupported(str(base.key))
+    raise _Unsupported(_shown(expr))
+
+
+def _shown(expr: Any) -> str:
+    """What a message calls an expression no payload filter expresses."""
     name = getattr(expr, "name", None) if isinstance(expr, FunctionElement) else None
-    raise _Unsupported(f"the SQL function {name}()" if name else type(expr).__name__)
+    return f"the SQL function {name}()" if name else type(expr).__name__
 
 
 def _literal(expr: Any) -> Any:
@@ -339,7 +344,7 @@ def _literal(expr: Any) -> Any:
         if expr.callable is not None:
             return expr.callable()
         return expr.value
-    raise _Unsupported(type(expr).__name__)
+    raise _Unsupported(_shown(expr))
 
 
 def _binary(

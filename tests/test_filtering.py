@@ -301,6 +301,9 @@ def test_where_outside_filter_by_falls_back_to_sql_and_says_so(
     for where in (func.length(Post.body) > 30, 30 < func.length(Post.body)):
         flt, why = compile_where(where, fields)
         assert flt is None and "the SQL function length()" in why, why
+    for where in (Post.tenant == func.abs(-3), func.abs(-3) == Post.tenant):
+        flt, why = compile_where(where, fields)
+        assert flt is None and "the SQL function abs()" in why, why
     monkeypatch.setattr("semantic_orm.search.SCAN_WARNING_ROWS", 10)
     with factory() as s:
         rare = s.scalars(select(Post.id).where(Post.other == 1, Post.id < 5)).all()

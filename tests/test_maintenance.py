@@ -187,6 +187,19 @@ class _OlderAnalysis:
 _CJK_TEXTS = ["我喜欢猫和狗", "猫在睡觉", "今天天气很好"]
 
 
+def _written_by_the_older_release(tables: Engine, store: Any, factory: sessionmaker[Any]) -> None:
+    """Rows 1-3 (:data:`_CJK_TEXTS`) saved and synced by the release before."""
+    with pytest.MonkeyPatch.context() as old_release:
+        _OlderAnalysis(old_release)
+        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
+        old.install(factory)
+        with factory() as s:
+            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
+            s.commit()
+        old.drain(tables, timeout=30)
+        old.uninstall(factory)
+
+
 def _cats(factory: sessionmaker[Any]) -> list[int]:
     """The rows a keyword search for one character (猫) finds."""
     with factory() as s:
@@ -219,15 +232,7 @@ def test_a_new_keyword_analysis_keeps_writes_going_and_a_full_pass_rewrites_keyw
     from semantic_orm import keywords
 
     factory = sessionmaker(tables)
-    with pytest.MonkeyPatch.context() as old_release:
-        _OlderAnalysis(old_release)
-        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
-        old.install(factory)
-        with factory() as s:
-            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
-            s.commit()
-        old.drain(tables, timeout=30)
-        old.uninstall(factory)
+    _written_by_the_older_release(tables, store, factory)
 
     flaky = FlakyStore(store)
     new = SemanticIndex(store=flaky, embedder=HashEmbedder(), models=Base)
@@ -355,15 +360,7 @@ def test_points_of_rows_deleted_by_raw_sql_do_not_keep_the_analysis_unrecorded(
     from semantic_orm import keywords
 
     factory = sessionmaker(tables)
-    with pytest.MonkeyPatch.context() as old_release:
-        _OlderAnalysis(old_release)
-        old = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)
-        old.install(factory)
-        with factory() as s:
-            s.add_all(Article(id=i, title="t", content=t) for i, t in enumerate(_CJK_TEXTS, 1))
-            s.commit()
-        old.drain(tables, timeout=30)
-        old.uninstall(factory)
+    _written_by_the_older_release(tables, store, factory)
     with tables.begin() as conn:
         conn.execute(text("DELETE FROM article WHERE id = 3"))  # its points stay
     new = SemanticIndex(store=store, embedder=HashEmbedder(), models=Base)

@@ -72,7 +72,7 @@ KEYWORDS_VERSION = 3
 """Bumped whenever tokenization changes; stored in point payloads, so that a sync (and
 ``reindex --all``) rewrites the keyword vectors of points an older version wrote. 3: the
 long-vowel mark in kana runs, the single characters of documents' CJK runs, invisible format
-characters dropped."""
+characters and variation selectors dropped."""
 
 K1 = 1.2
 B = 0.75
@@ -170,12 +170,16 @@ def _stem(word: str) -> str:
     return word
 
 
-_INVISIBLE_RE = regex.compile(r"[\p{Cf}--[\u200b\u200c]]", regex.V1)
+_INVISIBLE_RE = regex.compile(
+    r"[[\p{Cf}--[\u200b\u200c]]\ufe00-\ufe0f\U000e0100-\U000e01ef]", regex.V1
+)
 """Invisible format characters, which Unicode's word boundaries (UAX #29) pass over inside a
 word: the soft hyphen of hyphenated HTML (``ex\u00adample``), the zero-width joiner of Indic
 scripts, the word joiner, a byte-order mark, bidirectional marks. Not the zero-width space,
 which is a boundary, nor the zero-width non-joiner, which in Persian parts a word from its
-suffix (``کتاب‌ها``, books: a query ``کتاب`` finds it, as Lucene's Persian analysis reads it)."""
+suffix (``کتاب‌ها``, books: a query ``کتاب`` finds it, as Lucene's Persian analysis reads it).
+And the variation selectors, which choose a glyph of the same character (a Japanese name's
+``辻󠄀``, an emoji's text or picture form): a query typed without them finds the text."""
 
 
 def _prepare(text: str) -> str:

@@ -94,6 +94,7 @@ from typing import Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, over
 
 import numpy as np
 import numpy.typing as npt
+import regex
 from sqlalchemy import ColumnElement, inspect
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
@@ -441,11 +442,38 @@ class SearchHit(Generic[T]):
         """
         chunk = self.chunk
         source = self.text
-        lead = source[max(0, chunk.start_offset - context) : chunk.start_offset]
-        tail = source[chunk.end_offset : chunk.end_offset + context]
-        ellipsis_lead = "…" if chunk.start_offset - context > 0 else ""
-        ellipsis_tail = "…" if chunk.end_offset + context < len(source) else ""
+        lo, hi = _context_bounds(source, chunk.start_offset, chunk.end_offset, context)
+        lead = source[lo : chunk.start_offset]
+        tail = source[chunk.end_offset : hi]
+        ellipsis_lead = "…" if lo > 0 else ""
+        ellipsis_tail = "…" if hi < len(source) else ""
         return f"{ellipsis_lead}{lead}{before}{chunk.text}{after}{tail}{ellipsis_tail}"
+
+
+_GRAPHEME_RE = regex.compile(r"\X")
+_CLUSTER_LOOK = 32
+"""How far past a context's edge its grapheme is looked for (an emoji sequence is shorter)."""
+
+
+def _context_bounds(source: str, start: int, end: int, context: int) -> tuple[int, int]:
+    """Up to ``context`` characters on each side of ``source[start:end]``, without cutting a
+    grapheme at either edge (a flag, an emoji joined by U+200D, a letter with its marks)."""
+    lo = max(0, start - context)
+    if lo > 0:
+        base = max(0, lo - _CLUSTER_LOOK)
+        lo = next(
+            (m.start() for m in _GRAPHEME_RE.finditer(source, base, start) if m.start() >= lo),
+            start,
+        )
+    hi = min(len(source), end + context)
+    if hi < len(source):
+        cut = end
+        for m in _GRAPHEME_RE.finditer(source, end, min(len(source), hi + _CLUSTER_LOOK)):
+            if m.end() > hi:
+                break
+            cut = m.end()
+        hi = cut
+    return lo, hi
 
 
 def pick_column(mapper: Mapper[Any], name: str | None) -> SemanticColumn:

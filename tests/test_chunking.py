@@ -637,3 +637,12 @@ def test_register_chunker(monkeypatch: pytest.MonkeyPatch) -> None:
     register_chunker("broken", lambda **_: object(), replace=True)  # type: ignore[arg-type,return-value]
     with pytest.raises(TypeError, match="broken"):
         get_chunker("broken")
+
+
+def test_the_half_width_ideographic_full_stop_ends_a_sentence() -> None:
+    """｡ (U+FF61, half-width Japanese text) was no sentence end for the recursive chunker and
+    the model-window split: a chunk ended inside 本です."""
+    text = "これはペンです｡あれは本です｡それは机です｡"
+    chunks = RecursiveChunker(12, 0).chunk(text)
+    assert [c.text for c in chunks] == ["これはペンです｡", "あれは本です｡", "それは机です｡"]
+    assert_invariants(text, chunks, 12, 0)

@@ -69,6 +69,8 @@ def test_the_long_vowel_mark_belongs_to_its_kana_word() -> None:
         ("\ufeffpump", "pump"),  # a byte-order mark
         ("word\u2060joined", "wordjoined"),  # the word joiner
         ("\u200fשלום\u200f", "שלום"),  # bidirectional marks
+        ("辻\U000e0100さん", "辻さん"),  # an ideographic variation selector (a name's glyph)
+        ("葛\ufe00飾区", "葛飾区"),  # a standardized variation selector
     ],
 )
 def test_invisible_format_characters_do_not_split_words(text: str, plain: str) -> None:

@@ -651,3 +651,30 @@ def test_rows_of_a_composite_primary_key_are_found_filtered_and_paged(
             for o in (0, 2)
         ]
         assert [h.obj for p in pages for h in p] == [h.obj for h in dense]
+
+
+@pytest.mark.parametrize("context", range(12))
+def test_highlight_context_never_cuts_a_grapheme(context: int) -> None:
+    """The context around a highlighted passage was cut by code point: half a flag, or an
+    emoji family's joiner alone, at its edges."""
+    import regex
+
+    from semantic_orm.chunking import Chunk
+    from semantic_orm.search import ScoredChunk, SearchHit
+
+    before, passage, after = "ab🇯🇵\n\n", "キャンプ", "XX👨\u200d👩\u200d👧 é end"
+    text = before + passage + after
+    start = len(before)
+    chunk = Chunk(passage, 0, start, start + len(passage), 1)
+    shown = SearchHit(Article(id=1), 1.0, (ScoredChunk(chunk, 1.0),), text).highlight(
+        context=context
+    )
+    lead, _, rest = shown.partition("**" + passage + "**")
+    lead, tail = lead.removeprefix("…"), rest.removesuffix("…")
+    assert before.endswith(lead) and after.startswith(tail)
+    # each edge falls between two graphemes of the whole text
+    edges = {0}
+    for g in regex.findall(r"\X", text):
+        edges.add(max(edges) + len(g))
+    assert start - len(lead) in edges and start + len(passage) + len(tail) in edges
+    assert len(lead) <= context and len(tail) <= context

@@ -405,3 +405,26 @@ def test_structure_options_are_validated(factory: sessionmaker[OrmSession]) -> N
             Windows.semantic_search(s, "x", chunk_types=["text"])
         with pytest.raises(ConfigurationError, match=r"'recursive' chunker of Plain\.body"):
             Plain.semantic_search(s, "x", dedupe="paragraph")
+
+
+def test_traditional_chinese_and_japanese_structure_is_tagged_as_simplified_is() -> None:
+    """Headings with 節 and 話, verse introduced by 後人有詩讚曰：, the closing 且聽下回分解 and a
+    後記 were text: only their Simplified forms (节, 诗, 赞, 听, 后记) were known."""
+
+    def typed(text: str) -> list[tuple[str, str]]:
+        return [(b.type, text[b.start : b.end]) for b in structure(text)]
+
+    for heading in ("第三節　飲食文化", "第１話　港町", "第二话 出发"):
+        text = f"前言的一段文字。\n\n{heading}\n\n珍珠奶茶是台灣的飲料。"
+        assert ("title", heading) in typed(text), heading
+        (after,) = [b for b in structure(text) if text[b.start : b.end].startswith("珍珠")]
+        assert after.section == heading  # a section of its own: no chunk crosses into it
+    story = (
+        "第一回　甄士隱夢幻識通靈\n\n那僧便說道：此乃天機，不可洩漏。\n\n"
+        "後人有詩讚曰：\n無材可去補蒼天，枉入紅塵若許年。\n此係身前身後事，倩誰記去作奇傳？\n\n"
+        "不知後事如何，且聽下回分解。\n\n後記\n\n全書至此。"
+    )
+    kinds = typed(story)
+    assert any(kind == "verse" and t.endswith("倩誰記去作奇傳？") for kind, t in kinds), kinds
+    assert any(kind == "boilerplate" and "且聽下回分解" in t for kind, t in kinds), kinds
+    assert ("title", "後記") in kinds

@@ -24,7 +24,7 @@ WS_CHARS = (
 )
 # Whitespace where a line may be broken between words: all but the no-break spaces.
 _BREAKABLE_WS_CHARS = "".join(ch for ch in WS_CHARS if ch not in "\xa0\u2007\u202f")
-_CJK_TERMINATORS = "\u3002\uff01\uff1f\uff1b"  # 。！？；
+_CJK_TERMINATORS = "\u3002\uff61\uff01\uff1f\uff1b"  # 。｡！？； (｡: the half-width 。)
 _LATIN_TERMINATORS = ".!?\u2026"
 
 

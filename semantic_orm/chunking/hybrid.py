@@ -9,8 +9,9 @@ the middle of a paragraph lacks its context. :class:`HybridChunker` therefore cu
 document's own structure first and uses a size-driven window only where it has to:
 
 1. **Sections.** A line matching the heading rule starts a section (default
-   :data:`DEFAULT_HEADING_PATTERN`: Markdown ``#`` … ``######`` headings, Chinese ``第N回`` /
-   ``第N章`` / ``第N节`` with Chinese or Arabic numerals, and ``Chapter …`` in any case, each
+   :data:`DEFAULT_HEADING_PATTERN`: Markdown ``#`` … ``######`` headings, Chinese and Japanese
+   ``第N回`` / ``第N章`` / ``第N节`` (``節``) / ``第N话`` (``話``) with Chinese or Arabic
+   numerals, and ``Chapter …`` in any case, each
    at the start of a line after optional indentation). Text before the first heading is a
    section with no heading. **No chunk ever crosses a section boundary.**
 2. **Paragraphs.** Inside a section, blank lines (or U+2029) separate paragraphs. Chinese and
@@ -69,7 +70,7 @@ __all__ = ["DEFAULT_HEADING_PATTERN", "HeadingRule", "HybridChunker", "Pattern"]
 DEFAULT_HEADING_PATTERN = (
     r"^[^\S\r\n]*(?:"
     r"#{1,6}[^\S\r\n]"
-    r"|第[0-9０-９零〇一二三四五六七八九十百千两]+[回章节]"
+    r"|第[0-9０-９零〇一二三四五六七八九十百千两兩]+[回章节節话話]"
     r"|(?i:chapter)[^\S\r\n]+\w+"
     r")"
 )

@@ -102,12 +102,13 @@ _TIE_ORDER = ("text", "verse", "title", "boilerplate")
 # Only the section/paragraph walk of the hybrid chunker is used (default heading rule).
 _SPLITTER = HybridChunker(chunk_size=1_000_000, overlap=0)
 
-_INTRO = regex.compile(
-    r"(?:有诗为证|有词为证|有赞为证|有偈为证|诗曰|诗云|词曰|词云|赞曰|赞云|偈曰|偈云|歌曰|颂曰"
-    r"|叹曰|一绝云|一律云|一绝曰|念道|吟道|诵道|正是|怎见得|但见)[^\S\r\n]*[:：]"
+_INTRO = regex.compile(  # (Simplified and Traditional characters alike)
+    r"(?:有[诗詩词詞赞讚贊偈][为為][证證]|[诗詩词詞赞讚贊偈][曰云]|歌曰|[颂頌]曰|[叹嘆歎]曰"
+    r"|一[绝絕律][云曰]|念道|吟道|[诵誦]道|正是|怎[见見]得|但[见見])[^\S\r\n]*[:：]"
 )
 _CLOSING = regex.compile(
-    r"下[回文](?:分解|便见|便知|分晓|再说|细说)|[且再请][听看]下文|未完待续|全书完|全文完|本回完|本章完"
+    r"下[回文](?:分解|便[见見]|便知|分[晓曉]|再[说說]|[细細][说說])|[且再请請][听聽看]下文"
+    r"|未完待[续續]|全[书書]完|全文完|本回完|本章完"
 )
 _ENDING_LINE = regex.compile(
     r"(?i)^\W*(?:to be continued|the end|end of (?:the )?(?:chapter|part|book|volume)\b.*)\W*$"
@@ -118,9 +119,9 @@ _TITLE_LINE = regex.compile(
     r"|[IVXLC]{1,7}\.[^\S\r\n]+\S"
     r"|[一二三四五六七八九十百]{1,4}[、．]"
     r"|[（(][一二三四五六七八九十百0-9]{1,3}[）)]"
-    r"|第[0-9０-９零〇一二三四五六七八九十百千两]+[卷部篇编集幕]"
+    r"|第[0-9０-９零〇一二三四五六七八九十百千两兩]+[卷部篇编編集幕]"
     r"|(?i:part|book|appendix|prologue|epilogue)\b"
-    r"|楔子|引子|尾声|后记|序[言章]?[^\S\r\n]*$"
+    r"|楔子|引子|尾[声聲]|[后後][记記]|序[言章]?[^\S\r\n]*$"
     r")"
 )
 _TITLE_MAX = 60

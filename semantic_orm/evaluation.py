@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from .embedding import encode_queries
 from .exc import ConfigurationError
 from .index import index_for
-from .mapping import instance_key, row_key, typed_key_values
+from .mapping import instance_key, row_key, select_rows, typed_key_values
 from .search import DEFAULT_MODE, SearchHit, SearchMode, SearchOptions, pick_column, semantic_search
 
 __all__ = [
@@ -57,6 +57,8 @@ log = logging.getLogger("semantic_orm")
 
 _NDCG_DEPTH = 10
 _ENCODE_BATCH = 256
+_LOAD_BATCH = 500
+"""Gold rows loaded per statement (:func:`_check_gold`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,18 +236,21 @@ def _check_gold(
     ends: dict[str, int] = {}
     for item in items:
         ends[item.key] = max(ends.get(item.key, 0), item.span[1] if item.span else 0)
-    keys: dict[str, str] = {}
-    missing: list[str] = []
-    outside: list[str] = []
-    for key, end in ends.items():
+    canonical = {}
+    for key in ends:
         values = typed_key_values(mapper, key)
-        obj = None if values is None else session.get(model, values)
-        if values is None or obj is None:
-            missing.append(key)
-            continue
-        keys[key] = row_key(values)
-        if end > len(getattr(obj, attribute) or ""):
-            outside.append(key)
+        if values is not None:
+            canonical[key] = row_key(values)
+    rows: dict[str, Any] = {}
+    wanted = sorted(set(canonical.values()))
+    for start in range(0, len(wanted), _LOAD_BATCH):
+        stmt, params = select_rows(model, mapper, wanted[start : start + _LOAD_BATCH])
+        rows.update((instance_key(mapper, obj), obj) for obj in session.scalars(stmt, params))
+    keys = {key: row for key, row in canonical.items() if row in rows}
+    missing = [key for key in ends if key not in keys]
+    outside = [
+        key for key, row in keys.items() if ends[key] > len(getattr(rows[row], attribute) or "")
+    ]
     for found, what in (
         (missing, f"rows {model.__name__} does not have"),
         (outside, "a span past the end of their row's text"),

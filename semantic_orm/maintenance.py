@@ -172,12 +172,12 @@ def _record_refreshed(
     if not unfilled and not stale:
         return
     for page in _indexed_pages(index, collection):
-        behind = {
-            point.pk: "filter fields" if not unfilled <= point.fields.keys() else "analysis"
-            for point in page
-            if (unfilled and not unfilled <= point.fields.keys())
-            or (stale and point.analyzer != analyser)
-        }
+        behind: dict[str, str] = {}  # row key -> what its points lack
+        for point in page:
+            if unfilled and not unfilled <= point.fields.keys():
+                behind[point.pk] = "filter fields"
+            elif stale and point.analyzer != analyser:
+                behind[point.pk] = "keyword analysis"
         if not behind:
             continue
         with engine.connect() as conn:
@@ -189,7 +189,7 @@ def _record_refreshed(
                 "or waits); %r is recorded as it was until a later pass syncs it",
                 binding.label,
                 key,
-                "filter fields" if behind[key] == "filter fields" else "keyword analysis",
+                behind[key],
                 collection,
             )
             return
